@@ -1,0 +1,78 @@
+"""overdrive: one plain PyTorch training loop on a CPU, one GPU, many GPUs and many machines.
+
+    from overdrive import Accelerator
+    accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+Public names are imported on first use, so ``import overdrive`` costs next to nothing over ``import torch``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "Accelerator": "overdrive.accelerator",
+    "PartialState": "overdrive.state",
+    "AcceleratorState": "overdrive.state",
+    "GradientState": "overdrive.state",
+    "DistributedType": "overdrive.config",
+    "DataLoaderConfiguration": "overdrive.config",
+    "GradientAccumulationPlugin": "overdrive.config",
+    "ProjectConfiguration": "overdrive.config",
+    "DistributedDataParallelKwargs": "overdrive.config",
+    "GradScalerKwargs": "overdrive.config",
+    "InitProcessGroupKwargs": "overdrive.config",
+    "AutocastKwargs": "overdrive.config",
+    "ProfileKwargs": "overdrive.config",
+    "DDPCommunicationHookType": "overdrive.config",
+    "LocalSGD": "overdrive.local_sgd",
+    "skip_first_batches": "overdrive.data",
+    "prepare_data_loader": "overdrive.data",
+    "find_executable_batch_size": "overdrive.utils.memory",
+    "release_memory": "overdrive.utils.memory",
+    "set_seed": "overdrive.utils.random",
+    "synchronize_rng_states": "overdrive.utils.random",
+    "get_logger": "overdrive.logging",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'overdrive' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from overdrive.accelerator import Accelerator
+    from overdrive.config import (
+        AutocastKwargs,
+        DataLoaderConfiguration,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        DistributedType,
+        GradientAccumulationPlugin,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        ProfileKwargs,
+        ProjectConfiguration,
+    )
+    from overdrive.data import prepare_data_loader, skip_first_batches
+    from overdrive.local_sgd import LocalSGD
+    from overdrive.logging import get_logger
+    from overdrive.state import AcceleratorState, GradientState, PartialState
+    from overdrive.utils.memory import find_executable_batch_size, release_memory
+    from overdrive.utils.random import set_seed, synchronize_rng_states

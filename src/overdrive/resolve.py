@@ -1,0 +1,211 @@
+"""Turn constructor arguments, the launch config and the environment into frozen plans.
+
+This module (with ``runtime.cluster``, which it calls) is the only place that reads ``os.environ``.
+Every problem with the arguments is reported at once, each naming the value given and the valid
+choices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from overdrive.config import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    ProjectConfiguration,
+    RNGType,
+)
+from overdrive.precision import PrecisionPolicy, precision_policy
+from overdrive.runtime import ProcessInfo, backend_for, detect_process_info, ensure_process_group, select_device
+
+#: The launcher hands its resolved settings to each worker in this one variable, as JSON.
+LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
+
+
+def launch_config() -> dict[str, Any]:
+    """The settings ``overdrive launch`` resolved for this worker (empty when started another way)."""
+    raw = os.environ.get(LAUNCH_CONFIG_VAR)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{LAUNCH_CONFIG_VAR} is not valid JSON ({exc}): {raw[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{LAUNCH_CONFIG_VAR} must hold a JSON object, got {raw[:200]!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """Where this process runs: its place in the job, its device and the process-group backend."""
+
+    info: ProcessInfo
+    device: torch.device
+    backend: str | None
+    timeout: timedelta | None = None
+    debug: bool = False
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if self.info.world_size == 1:
+            return DistributedType.NO
+        if self.device.type == "cpu":
+            return DistributedType.MULTI_CPU
+        if self.device.type == "cuda":
+            return DistributedType.MULTI_GPU
+        return DistributedType(f"MULTI_{self.device.type.upper()}")
+
+    def start(self) -> None:
+        """Select the device and join the default process group (once per process)."""
+        if self.device.type != "cpu" and self.device.index is not None:
+            torch.accelerator.set_device_index(self.device.index)
+        ensure_process_group(self.info, self.device, self.backend, self.timeout)
+
+
+def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> ProcessPlan:
+    launched = launch_config()
+    info = detect_process_info()
+    device = select_device(info.local_rank, cpu=cpu or bool(launched.get("cpu", False)))
+    init_kwargs = init_kwargs or InitProcessGroupKwargs()
+    backend = init_kwargs.backend or (backend_for(device) if info.is_distributed else None)
+    debug = bool(launched.get("debug", False)) or os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
+    return ProcessPlan(info=info, device=device, backend=backend, timeout=init_kwargs.timeout, debug=debug)
+
+
+@dataclass(frozen=True)
+class AccumulationPlan:
+    num_steps: int = 1
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """Everything an ``Accelerator`` does differently from plain PyTorch, decided once."""
+
+    strategy: str
+    precision: PrecisionPolicy
+    accumulation: AccumulationPlan
+    dataloader: DataLoaderConfiguration
+    device_placement: bool = True
+    step_scheduler_with_optimizer: bool = True
+    rng_types: tuple[str, ...] = ()
+    ddp: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
+    scaler: GradScalerKwargs = field(default_factory=GradScalerKwargs)
+    autocast: AutocastKwargs = field(default_factory=AutocastKwargs)
+    profile: ProfileKwargs | None = None
+    project: ProjectConfiguration = field(default_factory=ProjectConfiguration)
+    log_with: tuple[Any, ...] = ()
+    dynamo_backend: str | None = None
+
+
+_HANDLER_SLOTS = {
+    DistributedDataParallelKwargs: "ddp",
+    GradScalerKwargs: "scaler",
+    AutocastKwargs: "autocast",
+    ProfileKwargs: "profile",
+    InitProcessGroupKwargs: "init",
+}
+
+
+def split_kwargs_handlers(handlers: list[Any] | None) -> dict[str, Any]:
+    """Sort kwargs handlers by kind; a kind given twice or an unknown object is an error."""
+    found: dict[str, Any] = {}
+    for handler in handlers or []:
+        slot = _HANDLER_SLOTS.get(type(handler))
+        if slot is None:
+            valid = ", ".join(cls.__name__ for cls in _HANDLER_SLOTS)
+            raise ValueError(f"kwargs_handlers got {handler!r}, which is not one of: {valid}")
+        if slot in found:
+            raise ValueError(f"kwargs_handlers has two {type(handler).__name__} objects; give one")
+        found[slot] = handler
+    return found
+
+
+def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradient_accumulation_steps: int,
+                     gradient_accumulation_plugin: GradientAccumulationPlugin | None,
+                     dataloader_config: DataLoaderConfiguration | None, device_placement: bool | None,
+                     step_scheduler_with_optimizer: bool, rng_types: list[str | RNGType] | None,
+                     handlers: dict[str, Any], project_config: ProjectConfiguration | None,
+                     log_with: Any, dynamo_backend: str | None) -> TrainingPlan:
+    launched = launch_config()
+    errors: list[str] = []
+
+    if mixed_precision is None:
+        mixed_precision = launched.get("mixed_precision", "no")
+    precision = None
+    try:
+        precision = precision_policy(mixed_precision, process.device)
+    except ValueError as exc:
+        errors.append(str(exc))
+
+    if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
+        errors.append(
+            f"gradient_accumulation_steps={gradient_accumulation_steps!r} was given together with "
+            "gradient_accumulation_plugin; give the number of steps in one place only "
+            "(GradientAccumulationPlugin(num_steps=...))"
+        )
+    if gradient_accumulation_plugin is None:
+        steps = gradient_accumulation_steps
+        if steps == 1 and "gradient_accumulation_steps" in launched:
+            steps = launched["gradient_accumulation_steps"]
+        gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
+    steps = gradient_accumulation_plugin.num_steps
+    steps = 1 if steps is None else steps
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        errors.append(f"gradient_accumulation_steps={steps!r} is not valid; it must be an integer >= 1")
+    accumulation = AccumulationPlan(
+        num_steps=steps if isinstance(steps, int) and steps >= 1 else 1,
+        adjust_scheduler=gradient_accumulation_plugin.adjust_scheduler,
+        sync_with_dataloader=gradient_accumulation_plugin.sync_with_dataloader,
+        sync_each_batch=gradient_accumulation_plugin.sync_each_batch,
+    )
+
+    valid_rng = {member.value for member in RNGType}
+    rng = tuple(str(getattr(r, "value", r)) for r in (rng_types or ["generator"]))
+    bad_rng = [r for r in rng if r not in valid_rng]
+    if bad_rng:
+        errors.append(f"rng_types={bad_rng!r} are not valid; choose from {sorted(valid_rng)}")
+
+    if dynamo_backend is None:
+        dynamo_backend = launched.get("dynamo_backend")
+    if isinstance(dynamo_backend, str) and dynamo_backend.lower() == "no":
+        dynamo_backend = None
+
+    if errors:
+        raise ValueError("invalid Accelerator settings:\n  - " + "\n  - ".join(errors))
+    assert precision is not None
+    if log_with is None:
+        log_with = ()
+    elif not isinstance(log_with, (list, tuple)):
+        log_with = (log_with,)
+    return TrainingPlan(
+        strategy="ddp" if process.info.is_distributed else "single",
+        precision=precision,
+        accumulation=accumulation,
+        dataloader=dataloader_config or DataLoaderConfiguration(),
+        device_placement=True if device_placement is None else device_placement,
+        step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+        rng_types=rng,
+        ddp=handlers.get("ddp") or DistributedDataParallelKwargs(),
+        scaler=handlers.get("scaler") or GradScalerKwargs(),
+        autocast=handlers.get("autocast") or AutocastKwargs(),
+        profile=handlers.get("profile"),
+        project=project_config or ProjectConfiguration(),
+        log_with=tuple(log_with),
+        dynamo_backend=dynamo_backend,
+    )

@@ -1,0 +1,288 @@
+"""Process and training state with Accelerate's names: PartialState, AcceleratorState, GradientState.
+
+A process has one place in the job and one default process group, so ``PartialState`` shares its
+state across instances (every ``PartialState()`` answers the same). Everything here is read from the
+resolved plan; nothing reads the environment itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from overdrive.config import DistributedType, InitProcessGroupKwargs
+from overdrive.resolve import ProcessPlan, resolve_process
+
+
+class PartialState:
+    """Which process this is, on which device, and the process-control helpers.
+
+    Use it in scripts that need process information without an ``Accelerator``::
+
+        state = PartialState()
+        with state.main_process_first():
+            dataset = build_or_load_cache()
+    """
+
+    _shared: dict[str, Any] = {}
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        self.__dict__ = self._shared
+        if "plan" not in self.__dict__:
+            init_kwargs = kwargs.pop("init_kwargs", None) or InitProcessGroupKwargs(**kwargs)
+            self.plan: ProcessPlan = resolve_process(cpu=cpu, init_kwargs=init_kwargs)
+            self.plan.start()
+        elif cpu and self.plan.device.type != "cpu":
+            raise RuntimeError(
+                f"the process state was already created on {self.plan.device}; PartialState(cpu=True) must "
+                "come before the first Accelerator() or PartialState() in the process"
+            )
+
+    @classmethod
+    def _reset_state(cls, destroy_process_group: bool = False) -> None:
+        if destroy_process_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        cls._shared.clear()
+
+    @property
+    def initialized(self) -> bool:
+        return "plan" in self.__dict__
+
+    # -- where and who ------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.plan.device
+
+    @property
+    def default_device(self) -> torch.device:
+        return self.plan.device
+
+    @property
+    def backend(self) -> str | None:
+        return self.plan.backend
+
+    @property
+    def num_processes(self) -> int:
+        return self.plan.info.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.plan.info.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.plan.info.local_rank
+
+    @property
+    def num_machines(self) -> int:
+        return max(1, self.plan.info.world_size // max(1, self.plan.info.local_world_size))
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.plan.distributed_type
+
+    @property
+    def debug(self) -> bool:
+        return self.plan.debug
+
+    # -- process control ----------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        if self.use_distributed:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def _goes_first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on the main process first, then on the others (e.g. to build a cache once)."""
+        return self._goes_first(self.is_main_process)
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """As ``main_process_first``, once per machine."""
+        return self._goes_first(self.is_local_main_process)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Give each process its contiguous share of a list, tuple, dict of sequences or tensor.
+
+        With ``apply_padding`` every share has the same length, padded with the last element, so the
+        results can be gathered.
+        """
+        if self.num_processes == 1:
+            yield inputs
+            return
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    def _run_if(self, condition: Callable[[PartialState], bool], function: Callable) -> Callable:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if condition(self):
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def on_main_process(self, function: Callable) -> Callable:
+        """Decorator: run ``function`` on the main process only."""
+        return self._run_if(lambda s: s.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        """Decorator: run ``function`` on each machine's main process only."""
+        return self._run_if(lambda s: s.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        """Decorator: run ``function`` on the last process only."""
+        return self._run_if(lambda s: s.is_last_process, function)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        """Decorator: run ``function`` on process ``process_index`` only."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._run_if(lambda s: s.process_index == process_index, function)
+
+    def on_local_process(self, function: Callable | None = None,
+                         local_process_index: int | None = None) -> Callable:
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return self._run_if(lambda s: s.local_process_index == local_process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group(group)
+
+    def __repr__(self) -> str:
+        return (f"Distributed environment: {self.distributed_type}\nNum processes: {self.num_processes}\n"
+                f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
+                f"Device: {self.device}\n")
+
+
+def _split(inputs: Any, parts: int, index: int, apply_padding: bool) -> Any:
+    if isinstance(inputs, dict):
+        lengths = {len(v) for v in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"split_between_processes needs values of one length, got lengths {sorted(lengths)}")
+        return {k: _split(v, parts, index, apply_padding) for k, v in inputs.items()}
+    length = len(inputs)
+    per, extra = divmod(length, parts)
+    start = index * per + min(index, extra)
+    end = start + per + (1 if index < extra else 0)
+    share = inputs[start:end]
+    if apply_padding:
+        target = math.ceil(length / parts)
+        missing = target - (end - start)
+        if missing > 0:
+            if isinstance(share, torch.Tensor):
+                share = torch.cat([share, inputs[-1:].expand(missing, *inputs.shape[1:])])
+            else:
+                share = list(share) + [inputs[-1]] * missing
+                share = type(inputs)(share) if isinstance(inputs, tuple) else share
+    return share
+
+
+class AcceleratorState(PartialState):
+    """The process state plus the training settings of the current ``Accelerator``."""
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        super().__init__(cpu=cpu, **{k: v for k, v in kwargs.items() if k in ("init_kwargs",)})
+
+    @property
+    def mixed_precision(self) -> str:
+        training = self.__dict__.get("training")
+        return training.precision.name if training is not None else "no"
+
+    @property
+    def num_steps(self) -> int:
+        training = self.__dict__.get("training")
+        return training.accumulation.num_steps if training is not None else 1
+
+
+class GradientState:
+    """Whether gradients are synchronised this step, and where the active data loader stands.
+
+    Shared by every instance in the process (as in Accelerate): prepared data loaders report the end
+    of their data here, and ``accumulate`` and ``gather_for_metrics`` read it.
+    """
+
+    _shared: dict[str, Any] = {}
+
+    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
+        self.__dict__ = self._shared
+        if "sync_gradients" not in self.__dict__:
+            self.sync_gradients = True
+            self.active_dataloader: Any = None
+            self.dataloader_references: list[Any] = [None]
+            self.num_steps = 1
+            self.adjust_scheduler = True
+            self.sync_with_dataloader = True
+            self.sync_each_batch = False
+            self.end_of_dataloader = False
+            self.remainder = -1
+        if gradient_accumulation_plugin is not None:
+            self.num_steps = gradient_accumulation_plugin.num_steps or 1
+            self.adjust_scheduler = gradient_accumulation_plugin.adjust_scheduler
+            self.sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
+            self.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        cls._shared.clear()
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    @property
+    def initialized(self) -> bool:
+        return "sync_gradients" in self.__dict__
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        """Called by a prepared loader when its iteration starts: it becomes the active one."""
+        self.active_dataloader = dataloader
+        self.dataloader_references.append(dataloader)
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        """Called when its iteration ends: the loader that was active before it becomes active again."""
+        if dataloader in self.dataloader_references:
+            self.dataloader_references.remove(dataloader)
+        self.active_dataloader = self.dataloader_references[-1]
+        previous = self.active_dataloader
+        self.end_of_dataloader = bool(getattr(previous, "end_of_dataloader", False)) if previous else False
+        self.remainder = getattr(previous, "remainder", -1) if previous else -1

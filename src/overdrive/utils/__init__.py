@@ -1,0 +1,1 @@
+"""Accelerate's ``accelerate.utils`` names. Filled in as modules land."""
