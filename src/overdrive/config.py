@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import copy
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 
 class _StrEnum(str, enum.Enum):

@@ -3,10 +3,13 @@ and the collectives (gather, reduce, broadcast, pad) across processes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 def is_torch_tensor(value: Any) -> bool:
@@ -65,3 +68,346 @@ def convert_to_fp32(data: Any) -> Any:
     return recursively_apply(lambda t: t.float(), data,
                              test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16,
                                                                                              torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Inspecting and reshaping nested structures
+# ---------------------------------------------------------------------------------------------------------
+
+
+class DistributedOperationException(RuntimeError):
+    """A collective was called with inputs that do not agree across processes (shapes, dtypes)."""
+
+
+@dataclass(frozen=True)
+class TensorInformation:
+    """The shape and dtype of a tensor, enough to allocate a matching empty one."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def is_namedtuple(data: Any) -> bool:
+    """Whether ``data`` is an instance of a ``collections.namedtuple`` / ``typing.NamedTuple`` class."""
+    return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
+
+
+def is_tensor_information(data: Any) -> bool:
+    return isinstance(data, TensorInformation)
+
+
+def _iter_tensors(data: Any) -> Iterator[torch.Tensor]:
+    """Every tensor leaf of ``data``, depth first, in the order ``recursively_apply`` visits them."""
+    if isinstance(data, (tuple, list)):
+        for item in data:
+            yield from _iter_tensors(item)
+    elif isinstance(data, Mapping):
+        for item in data.values():
+            yield from _iter_tensors(item)
+    elif isinstance(data, torch.Tensor):
+        yield data
+
+
+def get_data_structure(data: Any) -> Any:
+    """``data`` with every tensor replaced by its :class:`TensorInformation`."""
+    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
+
+
+def get_shape(data: Any) -> Any:
+    """``data`` with every tensor replaced by its shape as a list of ints."""
+    return recursively_apply(lambda t: list(t.shape), data)
+
+
+def initialize_tensors(data_structure: Any) -> Any:
+    """Allocate an empty tensor for every :class:`TensorInformation` in ``data_structure``."""
+    return recursively_apply(lambda info: torch.empty(info.shape, dtype=info.dtype), data_structure,
+                             test_type=is_tensor_information)
+
+
+def find_batch_size(data: Any) -> int:
+    """The size of dim 0 of the first tensor (with at least one dim) found in ``data``.
+
+    >>> find_batch_size({"x": torch.zeros(8, 3), "y": [torch.zeros(8)]})
+    8
+    """
+    if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
+        raise ValueError(f"cannot find the batch size of an empty {type(data).__name__}")
+    for tensor in _iter_tensors(data):
+        if tensor.ndim > 0:
+            return tensor.shape[0]
+    raise TypeError(f"cannot find the batch size of {type(data).__name__}: it holds no tensor with a dim 0 "
+                    "(expected a tensor or nested lists, tuples and dicts of tensors)")
+
+
+def ignorant_find_batch_size(data: Any) -> int | None:
+    """:func:`find_batch_size`, or ``None`` where it cannot tell."""
+    try:
+        return find_batch_size(data)
+    except (ValueError, TypeError):
+        return None
+
+
+def find_device(data: Any) -> torch.device | None:
+    """The device of the first tensor found in ``data``, or ``None`` when it holds none."""
+    return next((tensor.device for tensor in _iter_tensors(data)), None)
+
+
+def _to_list(tensor: torch.Tensor) -> Any:
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point() and tensor.dtype not in (torch.float16, torch.float32, torch.float64):
+        tensor = tensor.float()  # bf16 / fp8 have no Python conversion
+    return tensor.tolist()
+
+
+def listify(data: Any) -> Any:
+    """``data`` with every tensor turned into (nested) Python lists or numbers."""
+    return recursively_apply(_to_list, data)
+
+
+def slice_tensors(data: Any, tensor_slice: slice | int | torch.Tensor, process_index: int | None = None,
+                  num_processes: int | None = None) -> Any:
+    """Index every tensor in ``data`` with ``tensor_slice``.
+
+    ``process_index`` and ``num_processes`` are accepted for Accelerate compatibility and unused.
+    """
+    return recursively_apply(lambda t: t[tensor_slice], data)
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of same-shaped nested structures leaf by leaf along ``dim``.
+
+    >>> concatenate([{"x": torch.zeros(2)}, {"x": torch.ones(3)}])["x"].shape
+    torch.Size([5])
+    """
+    if not isinstance(data, (list, tuple)) or len(data) == 0:
+        raise TypeError(f"concatenate expects a non-empty list of nested structures, got {data!r:.80}")
+    first = data[0]
+    if isinstance(first, (tuple, list)):
+        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"can only concatenate tensors (or nested lists, tuples and dicts of them), "
+                        f"got {type(first).__name__}")
+    return torch.cat(list(data), dim=dim)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Collectives. Each is the identity (or the obvious one-process answer) without a group of 2+ processes.
+# ---------------------------------------------------------------------------------------------------------
+
+# dtypes every backend moves as they are; anything else travels as raw bytes (gloo refuses int16, uint16+,
+# float8; NCCL refuses some too), which is lossless for gather and broadcast.
+_WIRE_DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                          torch.float32, torch.float64})
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(
+    sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))}
+_META_DIMS = 8  # shape columns in gather's size exchange; dims past the 8th are folded into the last column
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _world_size() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def _tensor_leaves(data: Any, op_name: str) -> list[torch.Tensor]:
+    """Every tensor leaf of ``data``; a TypeError naming ``op_name`` for any other leaf."""
+    leaves: list[torch.Tensor] = []
+
+    def take(tensor: torch.Tensor) -> torch.Tensor:
+        leaves.append(tensor)
+        return tensor
+
+    take.__name__ = op_name
+    recursively_apply(take, data, error_on_other_type=True)
+    return leaves
+
+
+def _rebuild(data: Any, values: list[Any]) -> Any:
+    """``data`` with its tensor leaves replaced, in visiting order, by ``values``."""
+    it = iter(values)
+    return recursively_apply(lambda _: next(it), data)
+
+
+def _as_wire(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of a dtype every backend can move; raw bytes for the others (a view if possible)."""
+    tensor = tensor.contiguous()
+    if tensor.dtype in _WIRE_DTYPES:
+        return tensor
+    return tensor.reshape(-1).view(torch.uint8) if tensor.ndim == 0 else tensor.view(torch.uint8)
+
+
+def _shape_row(tensor: torch.Tensor) -> list[int]:
+    shape = list(tensor.shape)
+    if len(shape) > _META_DIMS:
+        shape = shape[:_META_DIMS - 1] + [math.prod(shape[_META_DIMS - 1:])]
+    return [tensor.ndim, _DTYPE_CODES.get(tensor.dtype, -1)] + shape + [-1] * (_META_DIMS - len(shape))
+
+
+def _exchange_shapes(leaves: list[torch.Tensor], world: int) -> torch.Tensor:
+    """One all_gather of every leaf's (ndim, dtype, shape) row; returns a CPU tensor [world, leaves, row]."""
+    local = torch.tensor([_shape_row(t) for t in leaves], dtype=torch.int64, device=leaves[0].device)
+    out = local.new_empty((world * local.shape[0], local.shape[1]))
+    dist.all_gather_into_tensor(out, local)
+    return out.view(world, len(leaves), -1).cpu()
+
+
+def _check_agree(meta: torch.Tensor, leaves: list[torch.Tensor], op_name: str) -> None:
+    """Raise on every rank if any leaf differs across ranks in anything but dim 0."""
+    others = torch.cat([meta[:, :, :2], meta[:, :, 3:]], dim=2)
+    if bool((others == others[:1]).all()):
+        return
+    # Every rank sees the same table, so all of them take this extra (error-path only) collective.
+    described = [None] * meta.shape[0]
+    dist.all_gather_object(described, [(tuple(t.shape), str(t.dtype)) for t in leaves])
+    bad = next(i for i in range(len(leaves)) if not bool((others[:, i] == others[:1, i]).all()))
+    per_rank = ", ".join(f"rank {r}: shape {d[bad][0]} {d[bad][1]}" for r, d in enumerate(described))
+    raise DistributedOperationException(
+        f"{op_name}: tensor #{bad} of the input does not match across processes ({per_rank}); every dim but "
+        "dim 0 and the dtype must be the same on every process")
+
+
+def _gather_one(tensor: torch.Tensor, sizes: list[int], world: int) -> torch.Tensor:
+    rest, longest = tensor.shape[1:], max(sizes)
+    if longest == 0 or rest.numel() == 0:
+        return tensor.new_empty((sum(sizes), *rest))
+    if tensor.shape[0] < longest:  # uneven dim 0: pad to the longest, gather, trim each rank's padding
+        tensor = torch.cat([tensor, tensor.new_zeros((longest - tensor.shape[0], *rest))])
+    wire = _as_wire(tensor)
+    out = wire.new_empty((world * wire.shape[0], *wire.shape[1:]))
+    dist.all_gather_into_tensor(out, wire)
+    if out.dtype != tensor.dtype:
+        out = out.view(tensor.dtype)
+    if len(set(sizes)) == 1:
+        return out
+    out = out.view(world, longest, *rest)
+    return torch.cat([out[rank, :size] for rank, size in enumerate(sizes)])
+
+
+def gather(tensor: Any) -> Any:
+    """Concatenate every process's tensors along dim 0, in rank order, for each leaf of ``tensor``.
+
+    0-dim tensors give one element per process. Dim 0 may differ across processes; every other dim and
+    the dtype must agree.
+
+    >>> gather(torch.tensor([rank]))  # on 3 processes
+    tensor([0, 1, 2])
+    """
+    world = _world_size()
+    if world == 1:
+        return tensor
+    leaves = [t.reshape(1) if t.ndim == 0 else t for t in _tensor_leaves(tensor, "gather")]
+    if not leaves:
+        return tensor
+    meta = _exchange_shapes(leaves, world)
+    _check_agree(meta, leaves, "gather")
+    sizes = meta[:, :, 2].tolist()
+    return _rebuild(tensor, [_gather_one(t, [row[i] for row in sizes], world) for i, t in enumerate(leaves)])
+
+
+def gather_object(object: Any) -> list[Any]:
+    """Every process's ``object`` in one flat list, in rank order; a list contributes its items.
+
+    >>> gather_object([f"rank {rank}"])  # on 2 processes
+    ['rank 0', 'rank 1']
+    """
+    local = object if isinstance(object, list) else [object]
+    world = _world_size()
+    if world == 1:
+        return local
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, local)
+    return [item for part in gathered for item in part]
+
+
+def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
+    if tensor.numel() == 0:
+        return tensor
+    buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+    dist.broadcast(_as_wire(buffer), src=src)  # the wire form is a view of ``buffer``
+    if buffer is not tensor:
+        tensor.copy_(buffer)
+    return tensor
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Overwrite every tensor in ``tensor``, in place, with process ``from_process``'s; returns it."""
+    if _world_size() == 1:
+        return tensor
+    return recursively_apply(_broadcast_one, tensor, from_process, error_on_other_type=True)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Overwrite ``object_list``'s items, in place, with process ``from_process``'s (picklable objects)."""
+    if _world_size() > 1:
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float, world: int) -> torch.Tensor:
+    exact = tensor.is_floating_point() or tensor.is_complex()
+    # Sum in a dtype that neither overflows (int8/uint8) nor is refused by the backend (int16, fp8).
+    if tensor.dtype in _WIRE_DTYPES and exact or tensor.dtype in (torch.complex64, torch.complex128):
+        wide = tensor.dtype
+    else:
+        wide = torch.complex64 if tensor.is_complex() else torch.float32 if exact else torch.int64
+    work = tensor.to(wide, copy=True)
+    if reduction != "none" and world > 1:
+        dist.all_reduce(work, op=dist.ReduceOp.SUM)
+    if reduction == "mean":
+        if not exact:
+            work = work.to(torch.get_default_dtype())
+        if world > 1:
+            work.div_(world)
+    if scale != 1.0:
+        work = work * scale
+    if exact or (reduction != "mean" and not work.is_floating_point()):
+        work = work.to(tensor.dtype)
+    return work
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Reduce every tensor in ``tensor`` across processes, then multiply by ``scale``; returns new tensors.
+
+    ``reduction``: ``"sum"``, ``"mean"`` (the sum over the number of processes; integer and bool tensors
+    give floats) or ``"none"`` (no communication, each process keeps its own values).
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is not supported; use one of "
+                         + ", ".join(repr(r) for r in _REDUCTIONS))
+    world = _world_size()
+    return recursively_apply(_reduce_one, tensor, reduction, scale, world, error_on_other_type=True)
+
+
+def _pad_one(tensor: torch.Tensor, dim: int | None, size: int, pad_index: Any, pad_first: bool) -> torch.Tensor:
+    if dim is None or tensor.shape[dim] >= size:
+        return tensor
+    shape = list(tensor.shape)
+    old, shape[dim] = shape[dim], size
+    padded = tensor.new_full(shape, pad_index)
+    where = slice(size - old, size) if pad_first else slice(0, old)
+    padded[(slice(None),) * dim + (where,)] = tensor
+    return padded
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+    """Pad every tensor in ``tensor`` along ``dim`` to the largest size any process has, so they can be
+    gathered. Pads with ``pad_index``, at the end (or at the start with ``pad_first``). Tensors with no
+    dim ``dim`` are left alone.
+    """
+    world = _world_size()
+    if world == 1:
+        return tensor
+    leaves = _tensor_leaves(tensor, "pad_across_processes")
+    if not leaves:
+        return tensor
+    dims = [dim % t.ndim if -t.ndim <= dim < t.ndim else None for t in leaves]
+    local = torch.tensor([-1 if d is None else t.shape[d] for t, d in zip(leaves, dims)], dtype=torch.int64,
+                         device=leaves[0].device)
+    sizes = local.new_empty(world * len(leaves))
+    dist.all_gather_into_tensor(sizes, local)
+    longest = sizes.view(world, len(leaves)).amax(dim=0).tolist()
+    return _rebuild(tensor, [_pad_one(t, d, n, pad_index, pad_first)
+                             for t, d, n in zip(leaves, dims, longest)])

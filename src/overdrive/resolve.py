@@ -28,7 +28,13 @@ from overdrive.config import (
     RNGType,
 )
 from overdrive.precision import PrecisionPolicy, precision_policy
-from overdrive.runtime import ProcessInfo, backend_for, detect_process_info, ensure_process_group, select_device
+from overdrive.runtime import (
+    ProcessInfo,
+    backend_for,
+    detect_process_info,
+    ensure_process_group,
+    select_device,
+)
 
 #: The launcher hands its resolved settings to each worker in this one variable, as JSON.
 LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
@@ -66,7 +72,10 @@ class ProcessPlan:
             return DistributedType.MULTI_CPU
         if self.device.type == "cuda":
             return DistributedType.MULTI_GPU
-        return DistributedType(f"MULTI_{self.device.type.upper()}")
+        try:
+            return DistributedType(f"MULTI_{self.device.type.upper()}")
+        except ValueError:
+            return DistributedType.MULTI_GPU
 
     def start(self) -> None:
         """Select the device and join the default process group (once per process)."""

@@ -1,1 +1,49 @@
-"""Accelerate's ``accelerate.utils`` names. Filled in as modules land."""
+"""The names users import from ``accelerate.utils``, under ``overdrive.utils``.
+
+Imported on first use, so that ``from overdrive.utils import set_seed`` loads only what it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_CONFIG = ("DistributedType", "PrecisionType", "RNGType", "LoggerType", "DDPCommunicationHookType",
+           "KwargsHandler", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
+           "AutocastKwargs", "ProfileKwargs", "DataLoaderConfiguration", "GradientAccumulationPlugin",
+           "ProjectConfiguration")
+_OPS = ("gather", "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes",
+        "send_to_device", "recursively_apply", "concatenate", "convert_to_fp32", "find_batch_size",
+        "find_device", "listify", "slice_tensors", "honor_type", "is_torch_tensor")
+_MISC = ("is_package_available", "is_tensorboard_available", "is_wandb_available", "is_mlflow_available",
+         "is_aim_available", "is_deepspeed_available", "is_transformers_available", "is_torchao_available",
+         "is_rich_available", "is_datasets_available", "is_megatron_lm_available", "wait_for_everyone",
+         "extract_model_from_parallel", "patch_environment", "tqdm")
+
+_EXPORTS: dict[str, str] = {
+    **{name: "overdrive.config" for name in _CONFIG},
+    **{name: "overdrive.ops" for name in _OPS},
+    **{name: "overdrive.utils.misc" for name in _MISC},
+    "set_seed": "overdrive.utils.random",
+    "synchronize_rng_state": "overdrive.utils.random",
+    "synchronize_rng_states": "overdrive.utils.random",
+    "find_executable_batch_size": "overdrive.utils.memory",
+    "release_memory": "overdrive.utils.memory",
+    "clear_device_cache": "overdrive.utils.memory",
+    "skip_first_batches": "overdrive.data",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'overdrive.utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,509 @@
+"""The ``Accelerator`` facade: Accelerate's verbs over a resolved plan, a strategy and a precision.
+
+Every method is short and calls into the objects the plan chose; none asks which strategy is in use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from overdrive import ops
+from overdrive.config import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedType,
+    GradientAccumulationPlugin,
+    ProfileKwargs,
+    ProjectConfiguration,
+    RNGType,
+)
+from overdrive.optimizer import AcceleratedOptimizer
+from overdrive.precision.amp import AmpPrecision
+from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
+from overdrive.scheduler import AcceleratedScheduler
+from overdrive.state import AcceleratorState, GradientState
+from overdrive.strategies import Strategy, create_strategy
+
+
+class Accelerator:
+    """Run one training loop on a CPU, one device, or many processes, with mixed precision and
+    gradient accumulation::
+
+        accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=4)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = loss_fn(model(batch["x"]), batch["y"])
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    def __init__(self, device_placement: bool = True, split_batches: bool | None = None,
+                 mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
+                 dataloader_config: DataLoaderConfiguration | None = None, deepspeed_plugin: Any = None,
+                 fsdp_plugin: Any = None, rng_types: list[str | RNGType] | None = None,
+                 log_with: Any = None, project_dir: str | os.PathLike | None = None,
+                 project_config: ProjectConfiguration | None = None,
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 step_scheduler_with_optimizer: bool = True, kwargs_handlers: list[Any] | None = None,
+                 dynamo_backend: str | None = None, **unsupported: Any) -> None:
+        for name, plugin in (("deepspeed_plugin", deepspeed_plugin), ("fsdp_plugin", fsdp_plugin)):
+            if plugin is not None:
+                raise NotImplementedError(f"{name} is not supported yet in this version of overdrive")
+        if unsupported:
+            raise TypeError(f"Accelerator() got unexpected arguments {sorted(unsupported)}")
+        handlers = split_kwargs_handlers(kwargs_handlers)
+        if split_batches is not None:
+            dataloader_config = dataloader_config or DataLoaderConfiguration()
+            dataloader_config.split_batches = split_batches
+        if project_dir is not None:
+            project_config = project_config or ProjectConfiguration()
+            project_config.set_directories(str(project_dir))
+
+        self.state = AcceleratorState(cpu=cpu, init_kwargs=handlers.get("init"))
+        self.plan: TrainingPlan = resolve_training(
+            self.state.plan, mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, dataloader_config=dataloader_config,
+            device_placement=device_placement, step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            rng_types=rng_types, handlers=handlers, project_config=project_config, log_with=log_with,
+            dynamo_backend=dynamo_backend)
+        self.state.training = self.plan
+        self.gradient_state = GradientState(GradientAccumulationPlugin(
+            num_steps=self.plan.accumulation.num_steps, adjust_scheduler=self.plan.accumulation.adjust_scheduler,
+            sync_with_dataloader=self.plan.accumulation.sync_with_dataloader,
+            sync_each_batch=self.plan.accumulation.sync_each_batch))
+        self.gradient_state._set_sync_gradients(True)
+        self.strategy: Strategy = create_strategy(self.plan.strategy, device=self.device, ddp=self.plan.ddp)
+        self.precision = AmpPrecision(self.plan.precision, self.device, self.plan.autocast, self.plan.scaler)
+        self.scaler = self.precision.scaler
+        self.step = 0
+        self._window_pos = 0
+        self._loss_divisor = self.plan.accumulation.num_steps
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoader] = []
+        self._hooks: dict[int, list[Any]] = {}
+        self.flag_tensor: torch.Tensor | None = None
+
+    # -- where and who ------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.strategy.distributed_type or self.state.distributed_type
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.plan.precision.name
+
+    @property
+    def device_placement(self) -> bool:
+        return self.plan.device_placement
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        return self.plan.project
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.plan.project.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.plan.project.logging_dir
+
+    # -- data-loader settings -----------------------------------------------------------------------
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        return self.plan.dataloader
+
+    @property
+    def split_batches(self) -> bool:
+        return self.plan.dataloader.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.plan.dataloader.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.plan.dataloader.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.plan.dataloader.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.plan.dataloader.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.plan.dataloader.non_blocking
+
+    # -- accumulation state -------------------------------------------------------------------------
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"gradient_accumulation_steps={value!r} is not valid; it must be an integer >= 1")
+        self.gradient_state.num_steps = value
+        self._loss_divisor = value
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped because fp16 gradients overflowed."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # -- prepare ------------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and LR schedulers, in any order and mix.
+
+        Returns them in the order given (a single object when one was given); other objects pass
+        through unchanged. Schedulers are prepared last so that they see the prepared optimizers.
+        """
+        placement = device_placement or [None] * len(args)
+        if len(placement) != len(args):
+            raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
+        result = list(args)
+        for kinds in ((nn.Module,), (torch.optim.Optimizer, DataLoader), (torch.optim.lr_scheduler.LRScheduler,)):
+            for i, obj in enumerate(args):
+                if isinstance(obj, kinds) and not self._is_prepared(obj):
+                    result[i] = self._prepare_one(obj, placement[i])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _is_prepared(self, obj: Any) -> bool:
+        return any(obj is seen for seen in (*self._models, *self._optimizers, *self._schedulers,
+                                            *self._dataloaders))
+
+    def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=device_placement)
+        if isinstance(obj, DataLoader):
+            return self.prepare_data_loader(obj, device_placement=device_placement)
+        return self.prepare_scheduler(obj)
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> nn.Module:
+        """Move ``model`` to the device, run its forward in the mixed precision, and wrap it for the
+        strategy (DDP across processes). ``evaluation_mode`` skips the wrapping, for inference."""
+        on_meta = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+        if on_meta:
+            shown = ", ".join(on_meta[:5]) + (", ..." if len(on_meta) > 5 else "")
+            raise ValueError(
+                f"prepare() got a model with {len(on_meta)} parameters on the meta device ({shown}); "
+                "materialise it first (model.to_empty(device=...) then load its weights)")
+        if self.plan.device_placement if device_placement is None else device_placement:
+            model = model.to(self.device)
+        self._hooks[id(model)] = self.precision.attach(model)
+        if self.plan.dynamo_backend:
+            model = torch.compile(model, backend=self.plan.dynamo_backend)
+        if not evaluation_mode:
+            model = self.strategy.wrap_model(model)
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
+                          device_placement: bool | None = None) -> AcceleratedOptimizer:
+        prepared = AcceleratedOptimizer(optimizer, scaler=self.scaler, gradient_state=self.gradient_state)
+        self._optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        mine = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer or opt is scheduler.optimizer]
+        prepared = AcceleratedScheduler(
+            scheduler, mine or self._optimizers, step_with_optimizer=self.plan.step_scheduler_with_optimizer,
+            split_batches=self.split_batches, num_processes=self.num_processes, gradient_state=self.gradient_state)
+        self._schedulers.append(prepared)
+        return prepared
+
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Callable | None = None) -> DataLoader:
+        from overdrive.data import prepare_data_loader
+
+        config = self.plan.dataloader
+        prepared = prepare_data_loader(
+            data_loader, device=self.device, num_processes=self.num_processes, process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=self.plan.device_placement if device_placement is None else device_placement,
+            rng_types=list(self.plan.rng_types), dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches, slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed,
+            non_blocking=config.non_blocking, gradient_state=self.gradient_state)
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> nn.Module:
+        """The user's module inside a prepared one (without the autocast hooks if asked)."""
+        inner = self.strategy.unwrap_model(model)
+        plain = getattr(inner, "_orig_mod", inner)
+        if not keep_fp32_wrapper:
+            for handle in self._hooks.pop(id(plain), []):
+                handle.remove()
+        return inner if keep_torch_compile else plain
+
+    # -- the training step --------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided over the accumulation window and scaled for fp16."""
+        if self._loss_divisor > 1:
+            loss = loss / self._loss_divisor
+        self.precision.backward(loss, **kwargs)
+
+    def _begin_micro_step(self) -> None:
+        """Decide whether this micro-batch ends an accumulation window (then gradients sync)."""
+        state = self.gradient_state
+        if self._window_pos == 0:
+            # A window is num_steps batches, or fewer at the end of the data: the loss is divided by
+            # the true window length so that the step equals one step on the concatenated batch.
+            size = state.num_steps
+            loader = state.active_dataloader
+            yielded = getattr(loader, "batches_yielded", None)
+            if state.sync_with_dataloader and yielded is not None:
+                with contextlib.suppress(TypeError):
+                    size = max(1, min(size, len(loader) - yielded + 1))
+            self._window_size = size
+            self._loss_divisor = size
+        self._window_pos += 1
+        self.step += 1
+        sync = self._window_pos >= self._window_size or (state.sync_with_dataloader and state.end_of_dataloader)
+        if sync:
+            self._window_pos = 0
+        state._set_sync_gradients(sync)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """Accumulate gradients over ``gradient_accumulation_steps`` batches: gradients synchronise and
+        the optimizer and scheduler step only on the last batch of each window (or of the data)."""
+        for model in models:
+            if not any(model is m for m in self._models):
+                raise ValueError(f"accumulate() got a model that prepare() did not return: "
+                                 f"{type(model).__name__}; pass the object that accelerator.prepare() gave back")
+        self._begin_micro_step()
+        with contextlib.ExitStack() as stack:
+            if not (self.sync_gradients or self.gradient_state.sync_each_batch):
+                for model in models:
+                    stack.enter_context(self.strategy.no_sync(model))
+            yield
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Skip the gradient synchronisation of ``model`` in this block's backward."""
+        return self.strategy.no_sync(model)
+
+    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Synchronise ``model``'s gradients in this block's backward even inside ``no_sync``."""
+        return self.strategy.sync_in_backward(model)
+
+    def unscale_gradients(self, optimizer: AcceleratedOptimizer | list | None = None) -> None:
+        """Divide fp16-scaled gradients by the loss scale (done once per step, before clipping)."""
+        if self.scaler is None or not self.sync_gradients:
+            return
+        chosen = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer] if optimizer else self._optimizers
+        for opt in chosen:
+            opt.unscale_()
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float = 2) -> torch.Tensor:
+        """Clip gradients by their global norm (across processes) and return that norm."""
+        self.unscale_gradients()
+        return self.strategy.clip_grad_norm_(list(parameters), max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+        """Mixed-precision autocast for code outside the prepared models' forward."""
+        return self.precision.autocast(autocast_handler)
+
+    # -- collectives --------------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Every process's tensors (nested structures too), concatenated along dim 0 in rank order."""
+        return ops.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather``, minus the samples repeated to fill the last batch: over an epoch the results are
+        exactly the dataset's samples, in order, at any world size."""
+        all_tensors = _all_tensors(input_data)
+        if use_gather_object or not all_tensors:
+            data = ops.gather_object(input_data)
+        else:
+            data = ops.gather(input_data)
+        state = self.gradient_state
+        if not (state.end_of_dataloader and state.remainder > 0):
+            return data
+        if all_tensors and not use_gather_object:
+            return ops.recursively_apply(lambda t: t[: state.remainder], data)
+        return data[: state.remainder]
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return ops.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` will see on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (a collective: call on all)."""
+        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
+        if self.reduce(flag, reduction="sum").item() >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train on data whose per-process length differs: processes that run out shadow the others'
+        collectives (``torch.distributed.algorithms.Join``)."""
+        if self.num_processes == 1:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        saved = [loader.even_batches for loader in self._dataloaders]
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                loader.even_batches = even_batches
+        try:
+            with Join(joinables):
+                yield
+        finally:
+            for loader, value in zip(self._dataloaders, saved):
+                loader.even_batches = value
+
+    # -- process control (delegated to the process state) -------------------------------------------
+    def wait_for_everyone(self) -> None:
+        self.state.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        self.state.print(*args, **kwargs)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager:
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Callable) -> Callable:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    # -- profiling and memory -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """``torch.profiler.profile`` with the handler's options; with ``output_trace_dir`` each process
+        writes its Chrome trace there as ``trace_rank_<index>.json``."""
+        from overdrive.profiling import build_profiler
+
+        handler = profile_handler or self.plan.profile or ProfileKwargs()
+        with build_profiler(handler, self.device, self.process_index) as profiler:
+            yield profiler
+
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Drop the references this Accelerator holds (and ``objects``) and empty the device cache."""
+        from overdrive.utils.memory import release_memory
+
+        for handles in self._hooks.values():
+            for handle in handles:
+                handle.remove()
+        self._hooks.clear()
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        return release_memory(*objects)
+
+    clear = free_memory
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Save ``obj`` once per machine group (on the main process), with torch.save or safetensors."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, str(f), metadata={"format": "pt"})
+        else:
+            torch.save(obj, f)
+
+    def __repr__(self) -> str:
+        return (f"Accelerator(strategy={self.plan.strategy!r}, device={self.device}, "
+                f"num_processes={self.num_processes}, mixed_precision={self.mixed_precision!r}, "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps})")
+
+
+def _all_tensors(data: Any) -> bool:
+    leaves: list[Any] = []
+    ops.recursively_apply(leaves.append, data, test_type=lambda x: True)
+    return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)

@@ -1,0 +1,81 @@
+"""Loggers that know about processes: log once from the main process, or from every process in rank order.
+
+    from overdrive.logging import get_logger
+    logger = get_logger(__name__, log_level="INFO")
+    logger.info("starting")                                          # rank 0 only
+    logger.info("my shard has %d rows", n, main_process_only=False)  # every rank
+    logger.info("rank report", main_process_only=False, in_order=True)  # every rank, in rank order
+"""
+
+from __future__ import annotations
+
+import logging  # the standard library's: absolute imports never pick up this module
+import os
+from collections.abc import Hashable
+from typing import Any
+
+_LOG_LEVEL_VARS = ("OVERDRIVE_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
+_warned_once: set[Hashable] = set()
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class MultiProcessAdapter(logging.LoggerAdapter):
+    """A ``logging.LoggerAdapter`` whose calls take ``main_process_only`` (default True: only rank 0 logs)
+    and ``in_order`` (with ``main_process_only=False``: ranks log one after another, in rank order).
+
+    ``in_order`` is a collective (a barrier per rank): every rank must make the same call, and the logger's
+    level must be the same on every rank.
+    """
+
+    def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True, in_order: bool = False,
+            **kwargs: Any) -> None:
+        if not self.isEnabledFor(level):
+            return
+        kwargs.setdefault("stacklevel", 2)  # attribute the record to the caller, not to this method
+        rank, world = _rank_and_world()
+        if in_order and not main_process_only and world > 1:
+            import torch.distributed as dist
+
+            for turn in range(world):
+                if turn == rank:
+                    msg, kwargs = self.process(msg, kwargs)
+                    self.logger.log(level, msg, *args, **kwargs)
+                dist.barrier()
+            return
+        if rank == 0 or not main_process_only:
+            msg, kwargs = self.process(msg, kwargs)
+            self.logger.log(level, msg, *args, **kwargs)
+
+    def warning_once(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """``warning``, but a given message (with the same arguments) is logged only once per process."""
+        key: Hashable = (self.logger.name, msg, args, tuple(sorted(kwargs.items())))
+        try:
+            hash(key)
+        except TypeError:
+            key = repr(key)
+        if key in _warned_once:
+            return
+        _warned_once.add(key)
+        kwargs.setdefault("stacklevel", 3)  # past this method too
+        self.warning(msg, *args, **kwargs)
+
+
+def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAdapter:
+    """A :class:`MultiProcessAdapter` over ``logging.getLogger(name)``.
+
+    ``log_level`` (a name such as ``"INFO"`` or a number) sets the logger's level; when not given, the
+    ``OVERDRIVE_LOG_LEVEL`` or ``ACCELERATE_LOG_LEVEL`` environment variable does, if set.
+    """
+    if log_level is None:
+        log_level = next((os.environ[var] for var in _LOG_LEVEL_VARS if os.environ.get(var)), None)
+    logger = logging.getLogger(name)
+    if log_level is not None:
+        logger.setLevel(log_level.upper() if isinstance(log_level, str) else log_level)
+    return MultiProcessAdapter(logger, {})

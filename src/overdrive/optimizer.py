@@ -1,0 +1,115 @@
+"""The prepared optimizer: steps once per accumulation window, through the loss scaler when there is one.
+
+It stays a ``torch.optim.Optimizer`` (so LR schedulers and ``isinstance`` checks accept it) and
+delegates its state to the user's optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from overdrive.state import GradientState
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps a user's optimizer.
+
+    ``step()`` and ``zero_grad()`` act only when ``accelerator.sync_gradients`` is true, i.e. on the last
+    micro-batch of an accumulation window, so the plain loop (step and zero_grad on every batch) is
+    right inside ``accelerator.accumulate``. With fp16 loss scaling a step whose gradients overflowed is
+    skipped by the scaler; ``step_was_skipped`` says so.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None,
+                 gradient_state: GradientState | None = None) -> None:
+        # No super().__init__: the param groups and state belong to the wrapped optimizer.
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.gradient_state = gradient_state or GradientState()
+        self._step_was_skipped = False
+        self._unscaled = False
+
+    # -- delegated state ----------------------------------------------------------------------------
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def train(self) -> None:
+        """For optimizers with a train/eval mode (schedule-free); a no-op otherwise."""
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    # -- the step -----------------------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def unscale_(self) -> None:
+        """Divide the gradients by the loss scale, once per step (clipping needs true gradients)."""
+        if self.scaler is not None and not self._unscaled:
+            self.scaler.unscale_(self.optimizer)
+            self._unscaled = True
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+        if not self.gradient_state.sync_gradients:
+            return None
+        self._unscaled = False
+        if self.scaler is None:
+            self._step_was_skipped = False
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        scale = self.scaler.get_scale()
+        result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
+        self.scaler.update()
+        # The scaler lowers its scale exactly when it found inf/nan gradients and skipped the step.
+        self._step_was_skipped = self.scaler.get_scale() < scale
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last ``step()`` was skipped because fp16 gradients overflowed."""
+        return self._step_was_skipped
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"

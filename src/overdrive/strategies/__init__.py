@@ -1,0 +1,5 @@
+"""How training is parallel: one module per strategy, chosen by name from the registry."""
+
+from overdrive.strategies.base import Strategy, create_strategy, register_strategy
+
+__all__ = ["Strategy", "create_strategy", "register_strategy"]

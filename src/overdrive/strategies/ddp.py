@@ -1,0 +1,94 @@
+"""Data parallel with ``torch.nn.parallel.DistributedDataParallel``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from overdrive.config import DDPCommunicationHookType as Hook
+from overdrive.config import DistributedDataParallelKwargs
+
+
+class DDPStrategy:
+    name = "ddp"
+    distributed_type = None
+
+    def __init__(self, device: torch.device, ddp: DistributedDataParallelKwargs | None = None, **_: Any) -> None:
+        self.device = device
+        self.options = ddp or DistributedDataParallelKwargs()
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        if not any(p.requires_grad for p in model.parameters()):
+            return model  # nothing to synchronise (e.g. a frozen model used for evaluation)
+        device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.options.ddp_kwargs())
+        hook = _comm_hook(self.options)
+        if hook is not None:
+            wrapped.register_comm_hook(*hook)
+        return wrapped
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        if not isinstance(model, DistributedDataParallel) or model.require_backward_grad_sync:
+            yield
+            return
+        # DDP decides in forward whether the next backward reduces; ask it to, for this backward only.
+        previous = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = previous
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float) -> torch.Tensor:
+        # Gradients are identical on every rank after DDP's all-reduce: the local norm is the global norm.
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+
+def compress_hook(dtype: torch.dtype) -> Callable:
+    """All-reduce each gradient bucket in ``dtype`` (works on gloo, unlike torch's bf16 hook)."""
+
+    def hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        group = group if group is not None else dist.group.WORLD
+        buffer = bucket.buffer()
+        compressed = buffer.to(dtype).div_(dist.get_world_size(group))
+        future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+        def decompress(fut: torch.futures.Future) -> torch.Tensor:
+            buffer.copy_(fut.value()[0])
+            return buffer
+
+        return future.then(decompress)
+
+    return hook
+
+
+def _comm_hook(options: DistributedDataParallelKwargs) -> tuple[Any, Callable] | None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    kind, wrapper = Hook(options.comm_hook), Hook(options.comm_wrapper)
+    if kind == Hook.NO:
+        return None
+    if kind in (Hook.FP16, Hook.BF16):
+        return None, compress_hook(torch.float16 if kind == Hook.FP16 else torch.bfloat16)
+    state = powerSGD_hook.PowerSGDState(process_group=None, **options.comm_state_option)
+    hook = powerSGD_hook.powerSGD_hook if kind == Hook.POWER_SGD else powerSGD_hook.batched_powerSGD_hook
+    if wrapper == Hook.FP16:
+        hook = default_hooks.fp16_compress_wrapper(hook)
+    elif wrapper == Hook.BF16:
+        hook = default_hooks.bf16_compress_wrapper(hook)
+    return state, hook

@@ -1,0 +1,87 @@
+"""Small helpers users import from ``accelerate.utils``."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+
+def is_package_available(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it."""
+    return importlib.util.find_spec(name) is not None
+
+
+def _availability(package: str) -> Any:
+    def check() -> bool:
+        return is_package_available(package)
+
+    check.__name__ = f"is_{package.replace('-', '_')}_available"
+    check.__doc__ = f"Whether {package} is installed (it is imported only where it is used)."
+    return check
+
+
+is_tensorboard_available = _availability("tensorboard")
+is_wandb_available = _availability("wandb")
+is_mlflow_available = _availability("mlflow")
+is_aim_available = _availability("aim")
+is_deepspeed_available = _availability("deepspeed")
+is_transformers_available = _availability("transformers")
+is_torchao_available = _availability("torchao")
+is_rich_available = _availability("rich")
+is_datasets_available = _availability("datasets")
+is_megatron_lm_available = _availability("megatron")
+
+
+def wait_for_everyone() -> None:
+    """Barrier across every process (a no-op in a single process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True,
+                                keep_torch_compile: bool = True) -> nn.Module:
+    """The user's module inside DDP / DeepSpeed wrappers (and torch.compile's unless kept)."""
+    while True:
+        inner = getattr(model, "module", None)
+        if type(model).__name__ in _WRAPPERS and isinstance(inner, nn.Module):
+            model = inner
+        elif not keep_torch_compile and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "DeepSpeedEngine")
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set environment variables (names upper-cased) for the block, restoring them afterwards."""
+    saved = {}
+    for key, value in kwargs.items():
+        key = key.upper()
+        saved[key] = os.environ.get(key)
+        os.environ[key] = str(value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm`` shown on the main process only (others get a disabled bar)."""
+    from tqdm.auto import tqdm as _tqdm
+
+    if main_process_only and dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        kwargs["disable"] = True
+    return _tqdm(*args, **kwargs)
