@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import queue as queue_module
 import socket
 import traceback
 from collections.abc import Callable
@@ -32,7 +34,9 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args:
 
     torch.set_num_threads(1)
     try:
-        result = fn(*args)
+        # Plain pickle (bytes) rather than the queue's pickler: tensors would otherwise travel as shared
+        # memory handles that die with this process.
+        result = pickle.dumps(fn(*args))
         queue.put((rank, True, result))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         queue.put((rank, False, traceback.format_exc()))
@@ -60,15 +64,17 @@ def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, tim
     try:
         for _ in range(world_size):
             try:
-                rank, ok, value = queue.get(timeout=timeout)
-            except Exception as exc:  # queue.Empty
+                # once a rank failed, wait only briefly for the others' errors (they often hold the cause)
+                rank, ok, value = queue.get(timeout=5 if failures else timeout)
+            except queue_module.Empty as exc:
+                if failures:
+                    break
                 missing = sorted(set(range(world_size)) - set(results))
                 raise TimeoutError(f"ranks {missing} gave no result within {timeout}s") from exc
             if ok:
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 failures.append(f"rank {rank} failed:\n{value}")
-                break
     finally:
         for proc in procs:
             proc.join(timeout=5 if not failures else 0.5)

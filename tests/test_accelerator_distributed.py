@@ -135,11 +135,11 @@ def _gather_for_metrics(n: int, batch_size: int, split_batches: bool, even_batch
 
 
 def _gather_cases() -> list:
-    import torch.distributed as dist
+    import os
 
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = int(os.environ["WORLD_SIZE"])
     cases = [(10, 3, False, True), (11, 3, False, True), (9, 4, True, True), (10, 3, False, False),
-             (10, 4, True, False)] if world == 2 else [(11, 3, False, True), (10, 3, True, True), (7, 2, False, True)]
+             (11, 4, True, False)] if world == 2 else [(11, 3, False, True), (10, 3, True, True), (7, 2, False, True)]
     return [(case, _gather_for_metrics(*case)) for case in cases]
 
 
@@ -174,11 +174,12 @@ def _mixed_precision_and_hooks() -> dict:
 
     # DDP communication hooks: every rank ends with the same gradient, close to the fp32 average.
     for hook in ("no", "fp16", "bf16", "power_sgd"):
-        handler = DistributedDataParallelKwargs(comm_hook=hook, comm_state_option={"matrix_approximation_rank": 2})
+        handler = DistributedDataParallelKwargs(comm_hook=hook, comm_state_option={"matrix_approximation_rank": 1,
+                                                                         "start_powerSGD_iter": 2})
         accelerator = Accelerator(kwargs_handlers=[handler])
         model = accelerator.prepare(make_model())
         x, t = make_data(16)[dist.get_rank() * 8:(dist.get_rank() + 1) * 8]
-        for _ in range(2):  # powerSGD compresses from its second step on
+        for _ in range(3):  # powerSGD compresses from its third step on (start_powerSGD_iter=2)
             model.zero_grad()
             accelerator.backward(loss_fn(model, x, t))
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -216,7 +217,7 @@ def _mixed_precision_and_hooks() -> dict:
 def test_bf16_comm_hooks_and_local_sgd():
     results = run_distributed(_mixed_precision_and_hooks, 2)
     exact = results[0]["no"]
-    assert torch.allclose(results[0]["fp16"], exact, atol=1e-3)
-    assert torch.allclose(results[0]["bf16"], exact, atol=1e-2)
+    assert torch.allclose(results[0]["fp16"], exact, rtol=2e-3, atol=2e-3)
+    assert torch.allclose(results[0]["bf16"], exact, rtol=1e-2, atol=1e-2)
     assert not torch.equal(results[0]["bf16"], exact)  # the hook really compressed
     assert not torch.allclose(results[0]["power_sgd"], exact, atol=1e-6)

@@ -250,7 +250,7 @@ def _exchange_shapes(leaves: list[torch.Tensor], world: int) -> torch.Tensor:
     """One all_gather of every leaf's (ndim, dtype, shape) row; returns a CPU tensor [world, leaves, row]."""
     local = torch.tensor([_shape_row(t) for t in leaves], dtype=torch.int64, device=leaves[0].device)
     out = local.new_empty((world * local.shape[0], local.shape[1]))
-    dist.all_gather_into_tensor(out, local)
+    dist.all_gather_single(out, local)
     return out.view(world, len(leaves), -1).cpu()
 
 
@@ -277,7 +277,7 @@ def _gather_one(tensor: torch.Tensor, sizes: list[int], world: int) -> torch.Ten
         tensor = torch.cat([tensor, tensor.new_zeros((longest - tensor.shape[0], *rest))])
     wire = _as_wire(tensor)
     out = wire.new_empty((world * wire.shape[0], *wire.shape[1:]))
-    dist.all_gather_into_tensor(out, wire)
+    dist.all_gather_single(out, wire)
     if out.dtype != tensor.dtype:
         out = out.view(tensor.dtype)
     if len(set(sizes)) == 1:
@@ -407,7 +407,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_firs
     local = torch.tensor([-1 if d is None else t.shape[d] for t, d in zip(leaves, dims)], dtype=torch.int64,
                          device=leaves[0].device)
     sizes = local.new_empty(world * len(leaves))
-    dist.all_gather_into_tensor(sizes, local)
+    dist.all_gather_single(sizes, local)
     longest = sizes.view(world, len(leaves)).amax(dim=0).tolist()
     return _rebuild(tensor, [_pad_one(t, d, n, pad_index, pad_first)
                              for t, d, n in zip(leaves, dims, longest)])

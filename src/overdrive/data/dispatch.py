@@ -1,0 +1,250 @@
+"""Dispatching: rank 0 alone reads the data and sends every process its part of each step.
+
+Per step, rank 0 broadcasts one small header (each process's batch with its tensors replaced by slots,
+and which process gets its last batch now), then scatters each process's tensors as one byte buffer.
+The other processes never touch the dataset.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from overdrive.data.loader import PreparedLoaderMixin, _distributed, with_last_flag
+from overdrive.data.sampler import DispatchBatchSampler, IterableDatasetShard, _check_index
+from overdrive.ops import honor_type
+from overdrive.state import GradientState
+
+
+def _is_leaf_sequence(data: Any) -> bool:
+    """A list of per-sample values (strings, numbers), as opposed to a structure of tensors."""
+    return isinstance(data, (list, tuple)) and not any(
+        isinstance(item, (torch.Tensor, Mapping, list, tuple)) for item in data)
+
+
+def _find_length(data: Any) -> int | None:
+    if isinstance(data, torch.Tensor):
+        return data.shape[0] if data.dim() else None
+    if _is_leaf_sequence(data):
+        return len(data)
+    items = data.values() if isinstance(data, Mapping) else data if isinstance(data, (list, tuple)) else ()
+    for item in items:
+        length = _find_length(item)
+        if length is not None:
+            return length
+    return None
+
+
+def slice_batch(data: Any, tensor_slice: slice, process_index: int | None = None,
+                num_processes: int | None = None) -> Any:
+    """Slice every tensor and every list of per-sample values in ``data`` along the first dimension
+    (the default ``slice_fn_for_dispatch``; the process arguments are there for custom ones)."""
+    if isinstance(data, torch.Tensor):
+        return data[tensor_slice] if data.dim() else data
+    if _is_leaf_sequence(data):
+        return data[tensor_slice]
+    if isinstance(data, Mapping):
+        return type(data)({key: slice_batch(value, tensor_slice) for key, value in data.items()})
+    if isinstance(data, (list, tuple)):
+        return honor_type(data, (slice_batch(item, tensor_slice) for item in data))
+    return data
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where one tensor lies in the byte buffer of a step."""
+
+    offset: int
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _pack(data: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
+    """``data`` with each tensor replaced by a ``_Slot``; the tensors are appended to ``tensors``."""
+    if isinstance(data, torch.Tensor):
+        nbytes = data.numel() * data.element_size()
+        slot = _Slot(offset[0], nbytes, tuple(data.shape), data.dtype)
+        offset[0] += nbytes
+        tensors.append(data)
+        return slot
+    if isinstance(data, Mapping):
+        return type(data)({key: _pack(value, tensors, offset) for key, value in data.items()})
+    if isinstance(data, (list, tuple)):
+        return honor_type(data, (_pack(item, tensors, offset) for item in data))
+    return data
+
+
+def _unpack(data: Any, buffer: torch.Tensor) -> Any:
+    if isinstance(data, _Slot):
+        # clone: a fresh, aligned storage per tensor, and no view keeping the whole step buffer alive
+        raw = buffer[data.offset:data.offset + data.nbytes].clone()
+        return raw.view(data.dtype).reshape(data.shape)
+    if isinstance(data, Mapping):
+        return type(data)({key: _unpack(value, buffer) for key, value in data.items()})
+    if isinstance(data, (list, tuple)):
+        return honor_type(data, (_unpack(item, buffer) for item in data))
+    return data
+
+
+def _to_bytes(tensors: list[torch.Tensor], size: int, device: torch.device) -> torch.Tensor:
+    buffer = torch.zeros(size, dtype=torch.uint8, device=device)
+    offset = 0
+    for tensor in tensors:
+        flat = tensor.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
+        buffer[offset:offset + flat.numel()] = flat
+        offset += flat.numel()
+    return buffer
+
+
+def _comm_device(device: torch.device | str | None) -> torch.device:
+    """Where the process group moves tensors: the CPU on gloo/mpi, else the accelerator."""
+    backend = str(dist.get_backend())
+    if "gloo" in backend or "mpi" in backend:
+        return torch.device("cpu")
+    if device is not None and torch.device(device).type != "cpu":
+        return torch.device(device)
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None:
+        return torch.device("cpu")
+    return torch.device(accelerator.type, torch.accelerator.current_device_index())
+
+
+class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
+    """A ``DataLoader`` whose data is read by rank 0 only and dispatched, one part per process.
+
+    Built by :func:`prepare_data_loader` with ``dispatch_batches=True`` (the default for iterable
+    datasets), around a :class:`DispatchBatchSampler` (map-style) or a :class:`DispatchedIterable`.
+    Process ``i`` receives exactly what a :class:`DataLoaderShard` would give it. Every step is a
+    collective: all processes must iterate together (and stop at the same step if they break early).
+    """
+
+    def __init__(self, dataset: Any, num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
+                 slice_fn: Callable[..., Any] | None = None, device: torch.device | str | None = None,
+                 rng_types: list[Any] | None = None, non_blocking: bool = False,
+                 gradient_state: GradientState | None = None, **dataloader_kwargs: Any) -> None:
+        DataLoader.__init__(self, dataset, **dataloader_kwargs)
+        _check_index(num_processes, process_index)
+        if isinstance(self.batch_sampler, DispatchBatchSampler):
+            shard: Any = self.batch_sampler.shard
+        elif isinstance(self.dataset, IterableDatasetShard):
+            shard = self.dataset
+        else:
+            raise TypeError("DataLoaderDispatcher needs a DispatchBatchSampler (map-style data) or a "
+                            "DispatchedIterable (iterable data); build it with prepare_data_loader(..., "
+                            "dispatch_batches=True)")
+        if num_processes > 1 and not _distributed():
+            raise RuntimeError(f"dispatch_batches=True with num_processes={num_processes} needs an initialized "
+                               "torch.distributed process group of more than one process; initialize it first, "
+                               "or use dispatch_batches=False")
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.slice_fn = slice_fn or slice_batch
+        self._dp_of_rank: list[int] | None = None
+        object.__setattr__(self, "batch_size", shard.per_process_batch_size)
+        self._init_prepared(shard, device, non_blocking, rng_types, gradient_state)
+
+    def __len__(self) -> int:
+        return self._shard.num_steps(self.process_index)
+
+    # -- rank 0: reading and cutting into steps ---------------------------------------------------
+    def _read_steps(self, skip: int) -> Iterator[list[Any]]:
+        """Each step as the list of every process's batch (``None``: that process has none)."""
+        if isinstance(self.batch_sampler, DispatchBatchSampler):
+            self.batch_sampler.skip_steps, skip = skip, 0  # map-style: skip by index
+        batches: Iterator[Any] = DataLoader.__iter__(self)
+        return itertools.islice(self._group(batches), skip, None)
+
+    def _group(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
+        n = self.num_processes
+        if self.split_batches:
+            for batch in batches:
+                yield self._split(batch)
+            return
+        while group := list(itertools.islice(batches, n)):
+            yield group + [None] * (n - len(group))
+
+    def _split(self, batch: Any) -> list[Any]:
+        length = _find_length(batch)
+        if length is None:
+            raise TypeError(f"cannot split a batch of type {type(batch).__name__} between processes: it holds "
+                            "no tensor or list with a first dimension; pass slice_fn_for_dispatch")
+        per, n = self.batch_size or 1, self.num_processes
+        return [self.slice_fn(batch, slice(p * per, (p + 1) * per), process_index=p, num_processes=n)
+                if p * per < length else None for p in range(n)]
+
+    # -- every rank: one message per step -------------------------------------------------------
+    def _batches(self, skip: int) -> Iterator[tuple[Any, bool]]:
+        if not _distributed():  # one process: it reads and keeps everything
+            return with_last_flag(self._place(parts[0]) for parts in self._read_steps(skip))
+        return self._exchange(skip)
+
+    def _dp_indices(self) -> list[int]:
+        """Each global rank's process index (tensor parallelism can give several ranks the same one)."""
+        if self._dp_of_rank is None:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, self.process_index)
+            missing = sorted(set(range(self.num_processes)) - set(gathered))
+            if missing:
+                raise ValueError(f"the processes' process_index values {gathered} leave indices {missing} of "
+                                 f"num_processes={self.num_processes} with no process")
+            self._dp_of_rank = [int(index) for index in gathered]
+        return self._dp_of_rank
+
+    def _exchange(self, skip: int) -> Iterator[tuple[Any, bool]]:
+        dp_of_rank = self._dp_indices()
+        is_reader = dist.get_rank() == 0
+        device = _comm_device(self.device)
+        steps = _with_next(self._read_steps(skip)) if is_reader else None
+        while True:
+            parts, buffers, header = (self._next_message(steps, dp_of_rank, device) if steps is not None
+                                      else (None, None, None))
+            box = [header]
+            dist.broadcast_object_list(box, src=0)
+            header = box[0]
+            size = header["size"]
+            received = None
+            if size:
+                received = torch.empty(size, dtype=torch.uint8, device=device)
+                dist.scatter(received, buffers, src=0)
+            me = self.process_index
+            if header["skeletons"][me] is None:
+                return
+            part = parts[me] if parts is not None else _unpack(header["skeletons"][me], received)
+            yield self._place(part), header["last"][me]
+            if header["final"]:
+                return
+
+    def _next_message(self, steps: Iterator[tuple[list[Any], list[Any] | None]], dp_of_rank: list[int],
+                      device: torch.device) -> tuple[list[Any], list[torch.Tensor], dict[str, Any]]:
+        n = self.num_processes
+        parts, upcoming = next(steps, ([None] * n, None))
+        final = upcoming is None
+        skeletons, tensors = [], []
+        for part in parts:
+            found: list[torch.Tensor] = []
+            skeletons.append(None if part is None else _pack(part, found, [0]))
+            tensors.append(found)
+        sizes = [sum(t.numel() * t.element_size() for t in found) for found in tensors]
+        size = max(sizes[dp] for dp in dp_of_rank)
+        buffers = [_to_bytes(tensors[dp], size, device) for dp in dp_of_rank] if size else []
+        # A process's batch is its last when the next step has none for it, or there is no next step.
+        last = [final or upcoming[p] is None for p in range(n)]  # type: ignore[index]
+        header = {"skeletons": skeletons, "last": last, "final": final, "size": size}
+        return parts, buffers, header
+
+
+def _with_next(steps: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+    """``(step, next step or None)``: rank 0 reads one step ahead to know which batches are last."""
+    current = next(steps, None)
+    while current is not None:
+        upcoming = next(steps, None)
+        yield current, upcoming
+        current = upcoming

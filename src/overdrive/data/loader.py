@@ -1,0 +1,315 @@
+"""The prepared data loader: epoch and position bookkeeping, end-of-data look-ahead, device placement.
+
+A prepared loader knows where it stands in the data (epoch, batches handed out), so it can tell
+``GradientState`` that the batch it hands out is the last one before the user's loop body runs, and can
+save and restore its position for an exact mid-epoch resume.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+from overdrive.data.sampler import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
+from overdrive.ops import send_to_device
+from overdrive.state import GradientState
+
+# DataLoader settings carried over when a loader is rebuilt (those this torch version has).
+_KEPT_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+                  "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
+                  "pin_memory_device", "in_order")
+
+
+def loader_settings(dataloader: DataLoader) -> dict[str, Any]:
+    """The keyword arguments that rebuild ``dataloader``'s behaviour around a new sampler or dataset."""
+    return {name: getattr(dataloader, name) for name in _KEPT_SETTINGS if hasattr(dataloader, name)}
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def shared_seed(sampler: RandomSampler, data_seed: int | None) -> int:
+    """The shuffling seed every process agrees on: ``data_seed``, else rank 0's seed (its sampler's
+    generator's, or torch's initial seed) broadcast to all ranks."""
+    if data_seed is not None:
+        return int(data_seed)
+    generator = getattr(sampler, "generator", None)
+    seed = generator.initial_seed() if generator is not None else torch.initial_seed()
+    if _distributed():
+        box = [seed]
+        dist.broadcast_object_list(box, src=0)
+        seed = box[0]
+    return int(seed)
+
+
+def seedable_batch_sampler(batch_sampler: Iterable[list[int]], data_seed: int | None) -> Iterable[list[int]]:
+    """``batch_sampler`` with a plain ``RandomSampler`` replaced by a ``SeedableRandomSampler``.
+
+    Only the exact torch classes are replaced: a subclass or custom sampler may carry logic we cannot
+    rebuild, so it is kept and sharded by batches.
+    """
+    if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
+        return batch_sampler
+    random_sampler = batch_sampler.sampler
+    sampler = SeedableRandomSampler(random_sampler.data_source, replacement=random_sampler.replacement,
+                                    num_samples=random_sampler._num_samples,
+                                    seed=shared_seed(random_sampler, data_seed))
+    return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+
+
+def _find_seedable(batch_sampler: Any) -> SeedableRandomSampler | None:
+    """The SeedableRandomSampler inside a chain of batch-sampler wrappers, if any."""
+    node = batch_sampler
+    for _ in range(8):  # wrappers nest a few levels deep at most
+        if isinstance(node, SeedableRandomSampler):
+            return node
+        # explicit None checks: truth-testing a sampler calls len(), which infinite samplers refuse
+        inner = None
+        for name in ("shard", "batch_sampler", "sampler"):
+            inner = getattr(node, name, None)
+            if inner is not None:
+                break
+        if inner is None:
+            return None
+        node = inner
+    return None
+
+
+def with_last_flag(iterator: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    """``(item, is_last)`` pairs: fetching one item ahead tells which one is the last."""
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for upcoming in iterator:
+        yield current, False
+        current = upcoming
+    yield current, True
+
+
+class PreparedLoaderMixin:
+    """What both prepared loaders share: epoch, position, end of data, device placement, state dict.
+
+    Subclasses (which also derive from ``DataLoader``) call ``_init_prepared`` after building the loader
+    and implement ``_batches(skip)``, yielding ``(batch, is_last)`` from position ``skip`` of the epoch.
+    """
+
+    # set by _init_prepared; declared for type checkers
+    gradient_state: GradientState
+    batch_sampler: Any
+    dataset: Any
+    generator: Any
+    batch_size: int | None
+
+    def _init_prepared(self, shard: Any, device: torch.device | str | None, non_blocking: bool,
+                       rng_types: list[Any] | None, gradient_state: GradientState | None) -> None:
+        self._shard = shard  # holds even_batches and drop_last (a BatchSamplerShard or IterableDatasetShard)
+        self._even_batches = True if shard is None else shard.even_batches
+        self.device = device
+        self.non_blocking = non_blocking
+        self.rng_types = list(rng_types or [])
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
+        self._seedable = _find_seedable(self.batch_sampler)
+        self._epoch = 0
+        self._epoch_set = False  # the next iteration uses _epoch as it is (set_epoch or a restored state)
+        self._iterated = False
+        self._skip_next = 0  # batches of the next iteration to skip (resume / skip_first_batches)
+        self.batches_yielded = 0
+        self.end_of_dataloader = False
+
+    # -- the contract the rest of the library reads ----------------------------------------------
+    @property
+    def even_batches(self) -> bool:
+        """Whether every process gets the same number of full batches; a change applies at the next
+        iteration."""
+        return self._shard.even_batches if self._shard is not None else self._even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        if self._shard is not None:
+            self._shard.even_batches = bool(value)
+        self._even_batches = bool(value)
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """The global batch of one step: ``batch_size * num_processes``, or ``batch_size`` when split."""
+        if self._shard is not None and self._shard.total_batch_size is not None:
+            return self._shard.total_batch_size
+        return self.batch_size
+
+    @property
+    def total_dataset_length(self) -> int | None:
+        """Samples in one epoch over all processes (``None`` if the data has no length)."""
+        sampler = getattr(getattr(self._shard, "batch_sampler", None), "sampler", None)
+        dataset = self._shard.dataset if isinstance(self._shard, IterableDatasetShard) else self.dataset
+        for source in (sampler, dataset):
+            if isinstance(source, Sized):
+                try:
+                    return len(source)
+                except TypeError:  # a __len__ that refuses (e.g. a stream of unknown length)
+                    continue
+        return None
+
+    @property
+    def _drop_last(self) -> bool:
+        return bool(getattr(self._shard, "drop_last", getattr(self, "drop_last", False)))
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch (``total_dataset_length % total_batch_size``), or -1
+        when the last batch is dropped or the length is unknown."""
+        length, total = self.total_dataset_length, self.total_batch_size
+        if self._drop_last or length is None or not total:
+            return -1
+        return length % total
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current iteration (or of the next one, once set)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order at the next iteration (otherwise each iteration advances the epoch)."""
+        self._epoch = int(epoch)
+        self._epoch_set = True
+        self._apply_epoch(self._epoch)
+
+    def _apply_epoch(self, epoch: int) -> None:
+        for target in (self.batch_sampler, self.dataset):
+            if target is not None and hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+
+    # -- checkpointing -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: enough to resume mid-epoch exactly (see ``load_state_dict``)."""
+        return {"seed": self._seedable.seed if self._seedable is not None else None, "epoch": self._epoch,
+                "batches_yielded": self.batches_yielded, "epoch_set": self._epoch_set,
+                "iterated": self._iterated, "end_of_dataloader": self.end_of_dataloader,
+                "skip": self._skip_next}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a ``state_dict``: the next iteration continues the saved epoch after its last handed-out
+        batch, or starts the following epoch if the saved one had reached its end."""
+        if state_dict.get("seed") is not None and self._seedable is not None:
+            self._seedable.seed = int(state_dict["seed"])
+        self._epoch = int(state_dict["epoch"])
+        self._iterated = bool(state_dict.get("iterated", True))
+        self.batches_yielded = int(state_dict["batches_yielded"])
+        self.end_of_dataloader = bool(state_dict.get("end_of_dataloader", False))
+        if state_dict.get("epoch_set", False) or not self._iterated:
+            self._epoch_set = bool(state_dict.get("epoch_set", False))
+            self._skip_next = int(state_dict.get("skip", 0))
+        elif not self.end_of_dataloader:  # saved mid-epoch: continue that epoch where it stopped
+            self._epoch_set, self._skip_next = True, self.batches_yielded
+        else:  # the saved epoch was finished: the next iteration starts the next one
+            self._epoch_set, self._skip_next = False, 0
+
+    def skip_first(self, num_batches: int) -> None:
+        """Skip the first ``num_batches`` batches of the next iteration's epoch (once)."""
+        if num_batches < 0:
+            raise ValueError(f"num_batches={num_batches} must be >= 0")
+        self._skip_next = int(num_batches)
+
+    # -- iteration -----------------------------------------------------------------------------
+    def _batches(self, skip: int) -> Iterator[tuple[Any, bool]]:
+        raise NotImplementedError
+
+    def _place(self, batch: Any) -> Any:
+        if self.device is None:
+            return batch
+        return send_to_device(batch, self.device, non_blocking=self.non_blocking)
+
+    def _begin(self) -> int:
+        if self._iterated and not self._epoch_set:
+            self._epoch += 1
+        self._epoch_set, self._iterated = False, True
+        skip, self._skip_next = self._skip_next, 0
+        self._apply_epoch(self._epoch)
+        self._synchronize_rngs()
+        self.batches_yielded = skip  # a position in the epoch, so skipped batches count
+        self.end_of_dataloader = False
+        self.gradient_state._add_dataloader(self)
+        return skip
+
+    def _synchronize_rngs(self) -> None:
+        if not self.rng_types or not _distributed():
+            return
+        from overdrive.utils.random import synchronize_rng_states
+
+        # "generator" means the loader's own generator (worker seeds); without one there is nothing to sync.
+        types = [t for t in self.rng_types if str(getattr(t, "value", t)) != "generator" or self.generator is not None]
+        synchronize_rng_states(types, self.generator)
+
+    def __iter__(self) -> Iterator[Any]:
+        skip = self._begin()
+        try:
+            for batch, is_last in self._batches(skip):
+                self.batches_yielded += 1
+                if is_last:
+                    # Set before the batch is handed out, so the loop body already sees it.
+                    self.end_of_dataloader = True
+                    self.gradient_state.end_of_dataloader = True
+                    self.gradient_state.remainder = self.remainder
+                yield batch
+        finally:
+            self.gradient_state._remove_dataloader(self)
+
+
+class DataLoaderShard(PreparedLoaderMixin, DataLoader):
+    """A ``DataLoader`` that yields this process's share of the data, optionally on ``device``.
+
+    Built by :func:`prepare_data_loader` around a :class:`BatchSamplerShard` (map-style datasets) or an
+    :class:`IterableDatasetShard`. ``len()`` is the number of batches this process yields per epoch.
+
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=8, shuffle=True))
+        for batch in loader:
+            ...
+    """
+
+    def __init__(self, dataset: Any, device: torch.device | str | None = None, rng_types: list[Any] | None = None,
+                 non_blocking: bool = False, gradient_state: GradientState | None = None,
+                 **dataloader_kwargs: Any) -> None:
+        DataLoader.__init__(self, dataset, **dataloader_kwargs)
+        shard: Any = None
+        if isinstance(self.batch_sampler, BatchSamplerShard):
+            shard = self.batch_sampler
+            # DataLoader leaves batch_size None when given a batch sampler and forbids setting it later.
+            object.__setattr__(self, "batch_size", shard.per_process_batch_size)
+        elif isinstance(self.dataset, IterableDatasetShard):
+            shard = self.dataset
+        self._init_prepared(shard, device, non_blocking, rng_types, gradient_state)
+
+    def __len__(self) -> int:
+        if isinstance(self.dataset, IterableDatasetShard):
+            return self.dataset.num_steps()
+        return DataLoader.__len__(self)
+
+    def _batches(self, skip: int) -> Iterator[tuple[Any, bool]]:
+        by_index = isinstance(self.batch_sampler, BatchSamplerShard)
+        if by_index:
+            self.batch_sampler.skip_batches = skip  # skip indices, never load the skipped samples
+        raw: Iterator[Any] = DataLoader.__iter__(self)
+        if skip and not by_index:
+            raw = itertools.islice(raw, skip, None)  # iterable data: skipping means reading
+        return with_last_flag(self._place(batch) for batch in raw)
+
+
+class SkipDataLoader(DataLoader):
+    """A plain ``DataLoader`` that reads and drops the first ``skip_batches`` batches of every iteration
+    (for iterable datasets, where batches cannot be skipped by index)."""
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, **dataloader_kwargs: Any) -> None:
+        super().__init__(dataset, **dataloader_kwargs)
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from itertools.islice(super().__iter__(), self.skip_batches, None)
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)

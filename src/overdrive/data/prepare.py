@@ -1,0 +1,142 @@
+"""``prepare_data_loader`` and ``skip_first_batches``: turn a user's DataLoader into a prepared one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+
+from overdrive.data.dispatch import DataLoaderDispatcher
+from overdrive.data.loader import (
+    DataLoaderShard,
+    PreparedLoaderMixin,
+    SkipDataLoader,
+    loader_settings,
+    seedable_batch_sampler,
+)
+from overdrive.data.sampler import (
+    BatchSamplerShard,
+    DispatchBatchSampler,
+    DispatchedIterable,
+    IterableDatasetShard,
+    SkipBatchSampler,
+)
+from overdrive.state import GradientState
+
+
+def _data_parallel_place(mesh: Any) -> tuple[int, int]:
+    """(size, index) of this process along the data-parallel axes of a device mesh."""
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    axes = ["dp"] if "dp" in names else [name for name in ("dp_replicate", "dp_shard") if name in names]
+    size, index = 1, 0
+    for axis in axes:
+        sub = mesh[axis]
+        index = index * sub.size() + sub.get_local_rank()
+        size *= sub.size()
+    return size, index
+
+
+def _processes(num_processes: int | None, process_index: int | None, mesh: Any) -> tuple[int, int]:
+    if num_processes is not None and process_index is not None:
+        return num_processes, process_index  # given (e.g. the data-parallel place): never the global rank
+    if mesh is not None:
+        size, index = _data_parallel_place(mesh)
+    elif dist.is_available() and dist.is_initialized():
+        size, index = dist.get_world_size(), dist.get_rank()
+    else:
+        size, index = 1, 0
+    return (size if num_processes is None else num_processes), (index if process_index is None else process_index)
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: torch.device | str | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: list[Any] | None = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Callable[..., Any] | None = None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+    gradient_state: GradientState | None = None,
+) -> DataLoaderShard | DataLoaderDispatcher:
+    """Rebuild ``dataloader`` so that this process yields its share of every epoch.
+
+    Process ``i`` of ``n`` takes batches ``i, i+n, ...`` of the original loader (or slice ``i`` of each
+    batch with ``split_batches``), so ``n`` processes with batch ``b`` see what one process sees with
+    batch ``n*b``. A shuffling ``RandomSampler`` becomes a :class:`SeedableRandomSampler` seeded with
+    ``data_seed`` (default: rank 0's torch seed, broadcast), so the order is the same at any world size
+    and an epoch can be resumed exactly. ``dispatch_batches`` (default: on for iterable datasets) has
+    rank 0 read everything and send each process its part. The user's loader settings (collate_fn,
+    workers, pin_memory, generator, ...) are kept. Call it on every process: it may communicate.
+
+    ``use_seedable_sampler`` and ``use_stateful_dataloader`` are accepted for Accelerate compatibility;
+    the seedable sampler is always used and every prepared loader has ``state_dict``.
+
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=16, shuffle=True),
+                                     device=torch.device("cuda", 0), put_on_device=True)
+    """
+    del use_seedable_sampler, use_stateful_dataloader  # always on, see the docstring
+    if isinstance(dataloader, PreparedLoaderMixin):
+        return dataloader  # type: ignore[return-value]  # already prepared: sharding twice would lose data
+    if dataloader.batch_sampler is None and dataloader.batch_size is None:
+        raise ValueError("cannot prepare a DataLoader with batch_size=None and batch_sampler=None: the batches "
+                         "to share out are unknown; give the DataLoader a batch_size or a batch_sampler")
+    num_processes, process_index = _processes(num_processes, process_index, torch_device_mesh)
+    dataset = dataloader.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    dispatch = iterable if dispatch_batches is None else bool(dispatch_batches)
+    common: dict[str, Any] = dict(device=device if put_on_device else None, rng_types=rng_types,
+                                  non_blocking=non_blocking, gradient_state=gradient_state,
+                                  **loader_settings(dataloader))
+    dispatch_args = dict(num_processes=num_processes, process_index=process_index, split_batches=split_batches,
+                         slice_fn=slice_fn_for_dispatch)
+    if iterable:
+        batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
+        assert batch_size is not None  # an iterable dataset's batch sampler exists only with a batch size
+        if dispatch:
+            stream = DispatchedIterable(dataset, batch_size, drop_last, num_processes, 0, split_batches,
+                                        even_batches)
+            return DataLoaderDispatcher(stream, batch_size=batch_size, drop_last=drop_last, **dispatch_args,
+                                        **common)
+        shard = IterableDatasetShard(dataset, batch_size, drop_last, num_processes, process_index, split_batches,
+                                     even_batches)
+        return DataLoaderShard(shard, batch_size=shard.per_process_batch_size, drop_last=drop_last, **common)
+    batch_sampler = seedable_batch_sampler(dataloader.batch_sampler, data_seed)
+    if dispatch:
+        rounds = BatchSamplerShard(batch_sampler, num_processes, 0, split_batches, even_batches)
+        return DataLoaderDispatcher(dataset, batch_sampler=DispatchBatchSampler(rounds), **dispatch_args, **common)
+    shard_sampler = BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
+    return DataLoaderShard(dataset, batch_sampler=shard_sampler, **common)
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """A loader whose next iteration skips the first ``num_batches`` batches of the current epoch.
+
+    A prepared loader is returned itself, skipping once (its later iterations are whole epochs). A plain
+    DataLoader is rebuilt around the same sampler, skipping at every iteration (as in Accelerate). Map-style
+    data is skipped by index, without loading the skipped samples; iterable data by reading it.
+
+        loader = skip_first_batches(loader, num_batches=resume_step)
+    """
+    if num_batches < 0:
+        raise ValueError(f"num_batches={num_batches} must be >= 0")
+    if isinstance(dataloader, PreparedLoaderMixin):
+        dataloader.skip_first(num_batches)
+        return dataloader
+    settings = loader_settings(dataloader)
+    if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_sampler is None:
+        return SkipDataLoader(dataloader.dataset, skip_batches=num_batches, batch_size=dataloader.batch_size,
+                              sampler=None if isinstance(dataloader.dataset, IterableDataset) else dataloader.sampler,
+                              drop_last=dataloader.drop_last, **settings)
+    return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
+                      **settings)

@@ -1,0 +1,357 @@
+"""Samplers and dataset wrappers that give each process its share of one epoch.
+
+The rule everywhere: step ``s`` of process ``i`` holds what a single process would get as batch
+``s * n + i`` (or slice ``i`` of batch ``s`` with ``split_batches``), so concatenating the processes'
+batches of one step reproduces the single-process order. ``even_batches`` fills the last step by wrapping
+around to the first samples of the epoch; nothing is padded with one process, where there is nothing to
+even out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, RandomSampler, Sampler
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order is a pure function of ``(seed, epoch)``.
+
+    Every process that holds the same seed draws the same permutation, whatever the world size, and
+    the order of any epoch can be recomputed (which makes mid-epoch resume exact)::
+
+        sampler = SeedableRandomSampler(dataset, seed=42)
+        sampler.set_epoch(3)
+        order = list(sampler)  # the same in every process and every run
+    """
+
+    def __init__(self, data_source: Sized, replacement: bool = False, num_samples: int | None = None,
+                 seed: int = 0, epoch: int = 0) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+        self.seed = int(seed)
+        self.epoch = int(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order at the next iteration."""
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        # A fresh generator per epoch: the order never depends on how much was drawn before.
+        generator = torch.Generator()
+        generator.manual_seed((self.seed + self.epoch) % 2**64)
+        size = len(self.data_source)
+        if self.replacement:
+            yield from torch.randint(size, (self.num_samples,), generator=generator).tolist()
+            return
+        for _ in range(self.num_samples // size):
+            yield from torch.randperm(size, generator=generator).tolist()
+        yield from torch.randperm(size, generator=generator)[: self.num_samples % size].tolist()
+
+
+def batches_per_process(num_batches: int, num_processes: int, process_index: int, split_batches: bool,
+                        drop_last: bool, even_batches: bool, last_batch_size: int | None = None,
+                        batch_size: int | None = None) -> int:
+    """How many batches process ``process_index`` yields from ``num_batches`` original batches.
+
+    ``last_batch_size`` (the size of the last original batch) matters only with ``split_batches`` and
+    uneven batches, where processes whose slice of a short last batch is empty yield one batch less.
+    """
+    n = num_processes
+    if split_batches:
+        if drop_last or even_batches or last_batch_size is None or batch_size is None:
+            return num_batches
+        return num_batches - (1 if last_batch_size <= process_index * (batch_size // n) else 0)
+    if drop_last:
+        return num_batches // n
+    if even_batches:
+        return math.ceil(num_batches / n)
+    return num_batches // n + (1 if process_index < num_batches % n else 0)
+
+
+def _check_split(batch_size: int | None, num_processes: int) -> None:
+    if batch_size is None:
+        raise ValueError("split_batches=True needs a batch sampler with a `batch_size` attribute; use a "
+                         "torch BatchSampler (DataLoader(batch_size=...)) or split_batches=False")
+    if batch_size % num_processes:
+        raise ValueError(f"split_batches=True needs a batch size divisible by the number of processes, got "
+                         f"batch_size={batch_size} and num_processes={num_processes}; use a batch size that "
+                         f"is a multiple of {num_processes}, or split_batches=False")
+
+
+def _check_index(num_processes: int, process_index: int) -> None:
+    if num_processes < 1 or not 0 <= process_index < num_processes:
+        raise ValueError(f"process_index={process_index} is not valid with num_processes={num_processes}: it "
+                         f"must be in 0..{num_processes - 1} (and num_processes >= 1)")
+
+
+class BatchSamplerShard(Sampler[list[int]]):
+    """Process ``process_index``'s share of the batches of ``batch_sampler``.
+
+    Without ``split_batches`` process ``i`` takes batches ``i, i + n, i + 2n, ...``; with it, slice ``i``
+    of every batch (the batch size must divide by ``n``). ``even_batches`` gives every process the same
+    number of full batches by wrapping around to the start of the epoch (not when the batch sampler drops
+    its last batch); otherwise the last batch may be short or missing on some processes.
+
+    ``skip_batches`` (set by the prepared loader to resume) drops this process's first batches at the
+    index level, without loading their samples.
+    """
+
+    def __init__(self, batch_sampler: Iterable[list[int]], num_processes: int = 1, process_index: int = 0,
+                 split_batches: bool = False, even_batches: bool = True) -> None:
+        _check_index(num_processes, process_index)
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
+        self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
+        self.skip_batches = 0
+        if split_batches:
+            _check_split(self.batch_size, num_processes)
+
+    @property
+    def per_process_batch_size(self) -> int | None:
+        """The size of the batches this process yields (``None`` if the batch sampler has no size)."""
+        if self.batch_size is None:
+            return None
+        return self.batch_size // self.num_processes if self.split_batches else self.batch_size
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """The global batch size of one step, over all processes."""
+        if self.batch_size is None:
+            return None
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the wrapped batch sampler or its sampler, whichever takes one."""
+        for target in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+                return
+
+    def _last_batch_size(self) -> int | None:
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if self.batch_size is None or self.drop_last or not isinstance(sampler, Sized):
+            return None
+        num_samples = len(sampler)
+        return num_samples - (math.ceil(num_samples / self.batch_size) - 1) * self.batch_size
+
+    def num_steps(self, process_index: int | None = None) -> int:
+        """Batches process ``process_index`` (default: this one) yields per epoch."""
+        index = self.process_index if process_index is None else process_index
+        return batches_per_process(len(self.batch_sampler), self.num_processes, index, self.split_batches,
+                                   self.drop_last, self.even_batches, self._last_batch_size(), self.batch_size)
+
+    def __len__(self) -> int:
+        return self.num_steps()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip = self.skip_batches
+        for step, parts in enumerate(self.rounds()):
+            part = parts[self.process_index]
+            if part is None:
+                return
+            if step >= skip:
+                yield part
+
+    def rounds(self) -> Iterator[list[list[int] | None]]:
+        """Every step of the epoch as the list of each process's batch (``None``: no batch)."""
+        return self._split_rounds() if self.split_batches else self._whole_rounds()
+
+    def _whole_rounds(self) -> Iterator[list[list[int] | None]]:
+        n = self.num_processes
+        first: list[list[int]] = []  # the epoch's first batches: the source of wrap-around samples
+        group: list[list[int]] = []
+        for batch in self.batch_sampler:
+            if len(first) < n:
+                first.append(list(batch))
+            if len(group) == n:
+                yield group
+                group = []
+            group.append(list(batch))
+        if group:
+            # Only the last group can be incomplete, so it is held back until the data ends.
+            yield from self._last_whole_round(group, first)
+
+    def _last_whole_round(self, group: list[list[int]],
+                          first: list[list[int]]) -> Iterator[list[list[int] | None]]:
+        n, size = self.num_processes, self.batch_size
+        if n == 1 or (len(group) == n and (size is None or len(group[-1]) == size)):
+            yield group
+        elif self.drop_last:
+            return
+        elif not self.even_batches:
+            yield group + [None] * (n - len(group))
+        elif size is None:  # batch sizes unknown: missing processes get whole batches from the start
+            yield group + [first[k % len(first)] for k in range(n - len(group))]
+        else:
+            samples = [index for batch in group for index in batch]
+            samples += _wrap([index for batch in first for index in batch], n * size - len(samples))
+            yield [samples[p * size:(p + 1) * size] for p in range(n)]
+
+    def _split_rounds(self) -> Iterator[list[list[int] | None]]:
+        n, size = self.num_processes, self.batch_size
+        assert size is not None  # checked in __init__
+        per = size // n
+        first: list[int] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if len(first) < size:
+                first.extend(batch[: size - len(first)])
+            if len(batch) < size and n > 1:  # a short batch can only be the last one
+                if self.drop_last:
+                    return
+                if self.even_batches:
+                    batch = batch + _wrap(first, size - len(batch))
+            yield [batch[p * per:(p + 1) * per] or None for p in range(n)]
+
+
+def _wrap(pool: list[Any], count: int) -> list[Any]:
+    """``count`` items taken from ``pool`` cyclically, from its start."""
+    return [pool[k % len(pool)] for k in range(count)] if count > 0 else []
+
+
+class SkipBatchSampler(Sampler[list[int]]):
+    """``batch_sampler`` without its first ``skip_batches`` batches (skipped by index, never loaded)."""
+
+    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int = 0) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = getattr(batch_sampler, "drop_last", False)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for index, batch in enumerate(self.batch_sampler):
+            if index >= self.skip_batches:
+                yield batch
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+
+class DispatchBatchSampler(Sampler[list[int]]):
+    """What the dispatching process loads for a map-style dataset: every process's batch of each step
+    in turn (each collated on its own), or, with ``split_batches``, each step's whole global batch.
+
+    The shard's rounds do the padding (``even_batches``) at the index level, so the dispatcher only
+    groups and slices. ``skip_steps`` drops the first steps by index.
+    """
+
+    def __init__(self, shard: BatchSamplerShard) -> None:
+        self.shard = shard
+        self.skip_steps = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.shard.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step, parts in enumerate(self.shard.rounds()):
+            if step < self.skip_steps:
+                continue
+            present = [part for part in parts if part is not None]
+            if self.shard.split_batches:
+                yield [index for part in present for index in part]
+            else:
+                yield from present
+
+
+def _chunks(iterable: Iterable[Any], size: int, drop_last: bool, pad: bool) -> Iterator[list[Any]]:
+    """``iterable`` in lists of ``size``; the short last one is dropped, padded from the first samples,
+    or kept as it is."""
+    first: list[Any] = []  # the first samples of the epoch: the source of wrap-around samples
+    chunk: list[Any] = []
+    for sample in iterable:
+        if len(first) < size:
+            first.append(sample)
+        chunk.append(sample)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk and not drop_last:
+        yield chunk + (_wrap(first, size - len(chunk)) if pad else [])
+
+
+class IterableDatasetShard(IterableDataset):
+    """Process ``process_index``'s share of an iterable dataset that every process reads in full.
+
+    The stream is cut into global batches (``batch_size * num_processes`` samples, or ``batch_size``
+    with ``split_batches``), and this process keeps its contiguous slice of each. At the end:
+    ``drop_last`` drops a short global batch; else ``even_batches`` completes it with samples from the
+    start of the epoch; else each process keeps what falls in its slice (maybe nothing).
+    """
+
+    def __init__(self, dataset: Iterable[Any], batch_size: int = 1, drop_last: bool = False,
+                 num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
+                 even_batches: bool = True) -> None:
+        _check_index(num_processes, process_index)
+        if split_batches:
+            _check_split(batch_size, num_processes)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.epoch = 0
+
+    @property
+    def per_process_batch_size(self) -> int:
+        return self.batch_size // self.num_processes if self.split_batches else self.batch_size
+
+    @property
+    def total_batch_size(self) -> int:
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record ``epoch`` and pass it on to the dataset if it takes one (e.g. to reshuffle)."""
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def _pad(self) -> bool:
+        return self.even_batches and self.num_processes > 1
+
+    def num_steps(self, process_index: int | None = None) -> int:
+        """Batches a process yields per epoch (needs a dataset with ``len``)."""
+        index = self.process_index if process_index is None else process_index
+        total, per = self.total_batch_size, self.per_process_batch_size
+        full, rest = divmod(len(self.dataset), total)  # type: ignore[arg-type]
+        if self.drop_last or rest == 0:
+            return full
+        return full + (1 if self._pad() or rest > index * per else 0)
+
+    def __len__(self) -> int:
+        """Samples this process yields per epoch (needs a dataset with ``len``)."""
+        total, per = self.total_batch_size, self.per_process_batch_size
+        full, rest = divmod(len(self.dataset), total)  # type: ignore[arg-type]
+        if self.drop_last or rest == 0:
+            return full * per
+        tail = per if self._pad() else min(max(rest - self.process_index * per, 0), per)
+        return full * per + tail
+
+    def __iter__(self) -> Iterator[Any]:
+        per = self.per_process_batch_size
+        start = self.process_index * per
+        for chunk in _chunks(self.dataset, self.total_batch_size, self.drop_last, self._pad()):
+            yield from chunk[start:start + per]
+
+
+class DispatchedIterable(IterableDatasetShard):
+    """The whole (padded or trimmed) global stream, for the one process that reads and dispatches."""
+
+    def __len__(self) -> int:
+        total = self.total_batch_size
+        full, rest = divmod(len(self.dataset), total)  # type: ignore[arg-type]
+        if self.drop_last or rest == 0:
+            return full * total
+        return full * total + (total if self._pad() else rest)
+
+    def __iter__(self) -> Iterator[Any]:
+        for chunk in _chunks(self.dataset, self.total_batch_size, self.drop_last, self._pad()):
+            yield from chunk
