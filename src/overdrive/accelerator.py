@@ -458,6 +458,35 @@ class Accelerator:
     def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
         return self.state.on_local_process(function, local_process_index=local_process_index)
 
+    # -- experiment tracking ------------------------------------------------------------------------
+    def init_trackers(self, project_name: str, config: dict | None = None,
+                      init_kwargs: dict[str, dict] | None = None) -> None:
+        """Start the trackers named by ``log_with`` (JSONL when none is named) for ``project_name``."""
+        from overdrive.tracking import start_trackers
+
+        self.trackers = start_trackers(
+            self.plan.log_with, project_name, config=config, init_kwargs=init_kwargs or {},
+            logging_dir=self.logging_dir, process_index=self.process_index)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The running tracker called ``name`` (its library's own object with ``unwrap=True``)."""
+        from overdrive.tracking import find_tracker
+
+        return find_tracker(getattr(self, "trackers", []), name, unwrap=unwrap)
+
+    def log(self, values: dict[str, Any], step: int | None = None,
+            log_kwargs: dict[str, dict] | None = None) -> None:
+        """Log ``values`` at ``step`` to every running tracker (on the processes each tracker logs from)."""
+        for tracker in getattr(self, "trackers", []):
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Finish every tracker (flush and close its files) and wait for all processes."""
+        for tracker in getattr(self, "trackers", []):
+            tracker.finish()
+        self.trackers = []
+        self.wait_for_everyone()
+
     # -- profiling and memory -----------------------------------------------------------------------
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:

@@ -1,0 +1,50 @@
+"""Experiment tracking: ``Accelerator(log_with=...)``, ``init_trackers``, ``log``, ``get_tracker``,
+``end_training``.
+
+Built-in trackers, each importing its library only when started: ``jsonl`` (the default, no dependency),
+``csv``, ``tensorboard``, ``mlflow``, ``wandb``, ``aim``. Add your own by subclassing ``GeneralTracker``
+and passing an instance in ``log_with`` or registering the class::
+
+    from overdrive.tracking import GeneralTracker, register_tracker
+    register_tracker("print", PrintTracker)
+    accelerator = Accelerator(log_with=["print", "tensorboard"], project_dir="runs")
+"""
+
+from __future__ import annotations
+
+from overdrive.tracking.base import (
+    DEFAULT_TRACKER,
+    GeneralTracker,
+    available_trackers,
+    check_log_with,
+    find_tracker,
+    on_main_process,
+    register_tracker,
+    start_trackers,
+    tracker_class,
+    tracker_names,
+)
+from overdrive.tracking.csv import CSVTracker
+from overdrive.tracking.jsonl import JSONLTracker, find_metrics_file, metric_series, read_metrics
+
+_LAZY = {
+    "TensorBoardTracker": "overdrive.tracking.tensorboard",
+    "MLflowTracker": "overdrive.tracking.mlflow",
+    "WandBTracker": "overdrive.tracking.wandb",
+    "AimTracker": "overdrive.tracking.aim",
+}
+
+__all__ = [
+    "DEFAULT_TRACKER", "GeneralTracker", "available_trackers", "check_log_with", "find_tracker",
+    "on_main_process", "register_tracker", "start_trackers", "tracker_class", "tracker_names",
+    "CSVTracker", "JSONLTracker", "find_metrics_file", "metric_series", "read_metrics", *_LAZY,
+]
+
+
+def __getattr__(name: str) -> object:
+    # the optional-library trackers import nothing heavy either, but keep `import overdrive.tracking` minimal
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'overdrive.tracking' has no attribute {name!r}")

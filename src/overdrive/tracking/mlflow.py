@@ -1,0 +1,135 @@
+"""MLflow (needs ``mlflow`` or ``mlflow-skinny``).
+
+Where runs go, first match wins: ``init_kwargs={"mlflow": {"tracking_uri": ...}}``; a tracking URI the
+user already configured (``MLFLOW_TRACKING_URI`` or ``mlflow.set_tracking_uri``); else a local store under
+the logging directory: ``sqlite:///<logging_dir>/mlflow.db`` when SQLAlchemy is installed (MLflow's
+recommended backend), otherwise the file store ``file:<logging_dir>/mlruns``. Read either back with
+``mlflow.MlflowClient(tracking_uri=tracker.tracking_uri)`` or ``mlflow ui --backend-store-uri <uri>``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from overdrive.tracking.base import (
+    GeneralTracker,
+    flatten,
+    import_required,
+    is_number,
+    is_package_available,
+    to_python,
+    warn_skipped,
+)
+
+_PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
+_METRICS_PER_BATCH = 1000
+_URIS_WE_SET: set[str] = set()  # so a second run in this process does not take ours for the user's
+
+
+def default_tracking_uri(logging_dir: str) -> str:
+    """The local store ``MLflowTracker`` uses under ``logging_dir`` when no tracking URI is configured."""
+    root = os.path.abspath(logging_dir)
+    if is_package_available("sqlalchemy") and is_package_available("alembic"):
+        return f"sqlite:///{os.path.join(root, 'mlflow.db')}"
+    return f"file:{os.path.join(root, 'mlruns')}"
+
+
+class MLflowTracker(GeneralTracker):
+    """One MLflow run in the experiment ``experiment_name`` (default: the project name). Numbers are
+    logged as metrics, the config as params (nested keys joined with ``/``). Other keyword arguments
+    (``tags``, ``description``, ``nested``, ``run_id`` to resume...) go to ``mlflow.start_run``."""
+
+    name = "mlflow"
+    requires_logging_directory = False  # not when a tracking URI is configured; checked in __init__
+    uses_logging_directory = True
+    required_packages = (("mlflow", "mlflow"),)
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, *,
+                 tracking_uri: str | None = None, experiment_name: str | None = None,
+                 **start_run_kwargs: Any) -> None:
+        self.run_name = run_name
+        self.logging_dir = None if logging_dir is None else os.fspath(logging_dir)
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name or run_name
+        self.start_run_kwargs = start_run_kwargs
+        self.run: Any = None
+        # checked here, on every process, so that every process fails alike
+        if tracking_uri is None and self.logging_dir is None and not _user_set_tracking_uri():
+            raise ValueError("the 'mlflow' tracker needs a place for its runs: pass Accelerator(project_dir=...), "
+                             "or init_kwargs={'mlflow': {'tracking_uri': ...}}, or set MLFLOW_TRACKING_URI")
+
+    @property
+    def tracker(self) -> Any:
+        return self.run
+
+    def start(self) -> None:
+        mlflow = import_required("mlflow", "mlflow", self.name)
+        if self.tracking_uri is None and not _user_set_tracking_uri() and self.logging_dir is not None:
+            self.tracking_uri = default_tracking_uri(self.logging_dir)
+        if self.tracking_uri is not None:
+            if self.tracking_uri.startswith("file:"):
+                # MLflow >= 3.7 refuses its file store unless this is set; we asked for it explicitly
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            mlflow.set_tracking_uri(self.tracking_uri)
+            _URIS_WE_SET.add(mlflow.get_tracking_uri())
+        else:
+            self.tracking_uri = mlflow.get_tracking_uri()
+        experiment = mlflow.set_experiment(self.experiment_name)
+        kwargs = {"run_name": self.run_name, **self.start_run_kwargs}
+        self.run = mlflow.start_run(experiment_id=experiment.experiment_id, **kwargs)
+        # log to this run by id, so runs the user starts meanwhile (nested or not) do not catch our values
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(self.tracking_uri)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        params = [Param(k, str(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in flatten(values).items()]
+        for start in range(0, len(params), _PARAMS_PER_BATCH):
+            self._client.log_batch(self.run.info.run_id, params=params[start:start + _PARAMS_PER_BATCH])
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        from mlflow.entities import Metric
+
+        now_ms = int(time.time() * 1000)
+        metrics = []
+        for key, value in flatten(values).items():
+            value = to_python(value)
+            if is_number(value):
+                metrics.append(Metric(key, float(value), now_ms, step or 0))
+            else:
+                warn_skipped(self.name, key, value, "numbers")
+        for start in range(0, len(metrics), _METRICS_PER_BATCH):
+            self._client.log_batch(self.run.info.run_id, metrics=metrics[start:start + _METRICS_PER_BATCH])
+
+    def finish(self) -> None:
+        import mlflow
+
+        if self.run is not None:
+            active = mlflow.active_run()
+            if active is not None and active.info.run_id == self.run.info.run_id:
+                mlflow.end_run()
+            else:  # the user ended it, or made another run active: leave theirs alone
+                self._client.set_terminated(self.run.info.run_id)
+            self.run = None
+
+
+def _user_set_tracking_uri() -> bool:
+    """Whether the user chose a tracking URI (the variable, or ``mlflow.set_tracking_uri`` in this process),
+    without importing MLflow when the script has not."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return True
+    if sys.modules.get("mlflow") is None:
+        return False
+    try:
+        from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+    except ImportError:  # moved in some MLflow version: rely on the variable alone
+        return False
+    import mlflow
+
+    return bool(is_tracking_uri_set()) and mlflow.get_tracking_uri() not in _URIS_WE_SET
