@@ -182,3 +182,9 @@ def test_profile_writes_a_chrome_trace(tmp_path):
     trace = json.loads((tmp_path / "trace_rank_0.json").read_text())
     assert any("addmm" in event.get("name", "") for event in trace["traceEvents"])
     accelerator.free_memory()
+
+
+def test_unknown_tracker_is_reported_with_the_other_errors():
+    with pytest.raises(ValueError) as info:
+        Accelerator(log_with=["tensorbored"], mixed_precision="fp64")
+    assert "tensorbored" in str(info.value) and "fp64" in str(info.value)

@@ -61,6 +61,8 @@ class RNGType(_StrEnum):
 
 class LoggerType(_StrEnum):
     ALL = "all"
+    JSONL = "jsonl"
+    CSV = "csv"
     AIM = "aim"
     TENSORBOARD = "tensorboard"
     WANDB = "wandb"

@@ -195,6 +195,11 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     if isinstance(dynamo_backend, str) and dynamo_backend.lower() == "no":
         dynamo_backend = None
 
+    if log_with:
+        from overdrive.tracking import check_log_with  # light: tracker libraries load only when started
+
+        errors.extend(check_log_with(log_with if isinstance(log_with, (list, tuple)) else [log_with]))
+
     if errors:
         raise ValueError("invalid Accelerator settings:\n  - " + "\n  - ".join(errors))
     assert precision is not None
