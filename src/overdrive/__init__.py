@@ -30,6 +30,9 @@ _EXPORTS = {
     "AutocastKwargs": "overdrive.config",
     "ProfileKwargs": "overdrive.config",
     "DDPCommunicationHookType": "overdrive.config",
+    "FullyShardedDataParallelPlugin": "overdrive.config",
+    "ParallelismConfig": "overdrive.config",
+    "TorchTensorParallelPlugin": "overdrive.config",
     "LocalSGD": "overdrive.local_sgd",
     "skip_first_batches": "overdrive.data",
     "prepare_data_loader": "overdrive.data",
@@ -38,6 +41,8 @@ _EXPORTS = {
     "set_seed": "overdrive.utils.random",
     "synchronize_rng_states": "overdrive.utils.random",
     "get_logger": "overdrive.logging",
+    "notebook_launcher": "overdrive.launchers.notebook",
+    "debug_launcher": "overdrive.launchers.notebook",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -64,13 +69,17 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         DDPCommunicationHookType,
         DistributedDataParallelKwargs,
         DistributedType,
+        FullyShardedDataParallelPlugin,
         GradientAccumulationPlugin,
         GradScalerKwargs,
         InitProcessGroupKwargs,
+        ParallelismConfig,
         ProfileKwargs,
         ProjectConfiguration,
+        TorchTensorParallelPlugin,
     )
     from overdrive.data import prepare_data_loader, skip_first_batches
+    from overdrive.launchers.notebook import debug_launcher, notebook_launcher
     from overdrive.local_sgd import LocalSGD
     from overdrive.logging import get_logger
     from overdrive.state import AcceleratorState, GradientState, PartialState

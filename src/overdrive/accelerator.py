@@ -5,6 +5,7 @@ Every method is short and calls into the objects the plan chose; none asks which
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -13,20 +14,25 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
 from overdrive import ops
 from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedType,
+    FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
+    ParallelismConfig,
     ProfileKwargs,
     ProjectConfiguration,
     RNGType,
+    TorchTensorParallelPlugin,
 )
 from overdrive.optimizer import AcceleratedOptimizer
 from overdrive.precision.amp import AmpPrecision
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
+from overdrive.runtime.mesh import ParallelMesh
 from overdrive.scheduler import AcceleratedScheduler
 from overdrive.state import AcceleratorState, GradientState
 from overdrive.strategies import Strategy, create_strategy
@@ -49,15 +55,16 @@ class Accelerator:
     def __init__(self, device_placement: bool = True, split_batches: bool | None = None,
                  mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
                  dataloader_config: DataLoaderConfiguration | None = None, deepspeed_plugin: Any = None,
-                 fsdp_plugin: Any = None, rng_types: list[str | RNGType] | None = None,
+                 fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+                 rng_types: list[str | RNGType] | None = None,
                  log_with: Any = None, project_dir: str | os.PathLike | None = None,
                  project_config: ProjectConfiguration | None = None,
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  step_scheduler_with_optimizer: bool = True, kwargs_handlers: list[Any] | None = None,
-                 dynamo_backend: str | None = None, **unsupported: Any) -> None:
-        for name, plugin in (("deepspeed_plugin", deepspeed_plugin), ("fsdp_plugin", fsdp_plugin)):
-            if plugin is not None:
-                raise NotImplementedError(f"{name} is not supported yet in this version of overdrive")
+                 dynamo_backend: str | None = None, parallelism_config: ParallelismConfig | None = None,
+                 torch_tp_plugin: TorchTensorParallelPlugin | None = None, **unsupported: Any) -> None:
+        if deepspeed_plugin is not None:
+            raise NotImplementedError("deepspeed_plugin is not supported yet in this version of overdrive")
         if unsupported:
             raise TypeError(f"Accelerator() got unexpected arguments {sorted(unsupported)}")
         handlers = split_kwargs_handlers(kwargs_handlers)
@@ -75,15 +82,20 @@ class Accelerator:
             gradient_accumulation_plugin=gradient_accumulation_plugin, dataloader_config=dataloader_config,
             device_placement=device_placement, step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             rng_types=rng_types, handlers=handlers, project_config=project_config, log_with=log_with,
-            dynamo_backend=dynamo_backend)
+            dynamo_backend=dynamo_backend, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config,
+            tp_plugin=torch_tp_plugin)
+        self.parallelism_config = parallelism_config
+        self.mesh = ParallelMesh(self.plan.dims, self.device.type, self.process_index, build=self.plan.uses_mesh)
         self.state.training = self.plan
         self.gradient_state = GradientState(GradientAccumulationPlugin(
             num_steps=self.plan.accumulation.num_steps, adjust_scheduler=self.plan.accumulation.adjust_scheduler,
             sync_with_dataloader=self.plan.accumulation.sync_with_dataloader,
             sync_each_batch=self.plan.accumulation.sync_each_batch))
         self.gradient_state._set_sync_gradients(True)
-        self.strategy: Strategy = create_strategy(self.plan.strategy, device=self.device, ddp=self.plan.ddp)
         self.precision = AmpPrecision(self.plan.precision, self.device, self.plan.autocast, self.plan.scaler)
+        self.strategy: Strategy = create_strategy(
+            self.plan.strategy, device=self.device, ddp=self.plan.ddp, mesh=self.mesh, precision=self.precision,
+            fsdp=self.plan.fsdp, tp=self.plan.tp, dynamo_backend=self.plan.dynamo_backend)
         self.scaler = self.precision.scaler
         self.step = 0
         self._window_pos = 0
@@ -94,6 +106,9 @@ class Accelerator:
         self._dataloaders: list[DataLoader] = []
         self._hooks: dict[int, list[Any]] = {}
         self.flag_tensor: torch.Tensor | None = None
+        self._custom_objects: list[Any] = []  # register_for_checkpointing
+        self._save_state_pre_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
+        self._load_state_pre_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
 
     # -- where and who ------------------------------------------------------------------------------
     @property
@@ -135,6 +150,59 @@ class Accelerator:
     @property
     def mixed_precision(self) -> str:
         return self.plan.precision.name
+
+    # -- the device mesh: one axis per kind of parallelism --------------------------------------------
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The job's ``DeviceMesh`` (axes dp_replicate, dp_shard, cp, tp: those larger than 1), or None."""
+        return self.mesh.mesh
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Processes that see different batches (replicate x shard)."""
+        return self.mesh.size("dp")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.mesh.rank("dp")
+
+    @property
+    def data_parallel_shard_size(self) -> int:
+        return self.mesh.size("dp_shard")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return self.mesh.rank("dp_shard")
+
+    @property
+    def data_parallel_replicate_rank(self) -> int:
+        return self.mesh.rank("dp_replicate")
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.mesh.size("tp")
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self.mesh.rank("tp")
+
+    @property
+    def context_parallel_size(self) -> int:
+        return self.mesh.size("cp")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        return self.mesh.rank("cp")
+
+    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None,
+                               buffer_seq_dims: list[int] | None = None,
+                               no_restore_buffers: set[torch.Tensor] | None = None) -> contextlib.AbstractContextManager:
+        """Split ``buffers`` along their sequence dims over the context-parallel axis and run attention as
+        ring attention inside the block (forward and backward); nothing without context parallelism."""
+        from overdrive.transforms.context_parallel import context_parallel_region
+
+        return context_parallel_region(self.mesh.get("cp"), buffers, buffer_seq_dims, no_restore_buffers,
+                                       self.plan.cp_comm_strategy)
 
     @property
     def device_placement(self) -> bool:
@@ -239,7 +307,14 @@ class Accelerator:
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> nn.Module:
         """Move ``model`` to the device, run its forward in the mixed precision, and wrap it for the
-        strategy (DDP across processes). ``evaluation_mode`` skips the wrapping, for inference."""
+        strategy (DDP across processes). ``evaluation_mode`` skips the wrapping, for inference.
+
+        A strategy that applies the model transforms itself (FSDP2, tensor parallel) does all of it, in
+        its fixed order, and shards even in evaluation mode."""
+        if self.strategy.applies_transforms:
+            model = self.strategy.wrap_model(model)
+            self._models.append(model)
+            return model
         on_meta = [name for name, p in model.named_parameters() if p.device.type == "meta"]
         if on_meta:
             shown = ", ".join(on_meta[:5]) + (", ..." if len(on_meta) > 5 else "")
@@ -258,6 +333,7 @@ class Accelerator:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
                           device_placement: bool | None = None) -> AcceleratedOptimizer:
+        optimizer = self.strategy.prepare_optimizer(optimizer, self._models)
         prepared = AcceleratedOptimizer(optimizer, scaler=self.scaler, gradient_state=self.gradient_state)
         self._optimizers.append(prepared)
         return prepared
@@ -266,7 +342,7 @@ class Accelerator:
         mine = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer or opt is scheduler.optimizer]
         prepared = AcceleratedScheduler(
             scheduler, mine or self._optimizers, step_with_optimizer=self.plan.step_scheduler_with_optimizer,
-            split_batches=self.split_batches, num_processes=self.num_processes, gradient_state=self.gradient_state)
+            split_batches=self.split_batches, num_processes=self.data_parallel_size, gradient_state=self.gradient_state)
         self._schedulers.append(prepared)
         return prepared
 
@@ -276,7 +352,8 @@ class Accelerator:
 
         config = self.plan.dataloader
         prepared = prepare_data_loader(
-            data_loader, device=self.device, num_processes=self.num_processes, process_index=self.process_index,
+            data_loader, device=self.device, num_processes=self.data_parallel_size,
+            process_index=self.data_parallel_rank, torch_device_mesh=self.torch_device_mesh,
             split_batches=config.split_batches,
             put_on_device=self.plan.device_placement if device_placement is None else device_placement,
             rng_types=list(self.plan.rng_types), dispatch_batches=config.dispatch_batches,
@@ -371,12 +448,15 @@ class Accelerator:
 
     # -- collectives --------------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
-        """Every process's tensors (nested structures too), concatenated along dim 0 in rank order."""
-        return ops.gather(tensor)
+        """Every process's tensors (nested structures too), concatenated along dim 0 in rank order.
+
+        Tensor-parallel peers hold the same outputs: one of each group contributes."""
+        return ops.gather(self.mesh.keep_own_share(tensor))
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, minus the samples repeated to fill the last batch: over an epoch the results are
         exactly the dataset's samples, in order, at any world size."""
+        input_data = self.mesh.keep_own_share(input_data)
         all_tensors = _all_tensors(input_data)
         if use_gather_object or not all_tensors:
             data = ops.gather_object(input_data)
@@ -525,6 +605,68 @@ class Accelerator:
             save_file(obj, str(f), metadata={"format": "pt"})
         else:
             torch.save(obj, f)
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """Save the whole training state (models, optimizers, schedulers, loss scaler, data-loader
+        positions, RNG states, step counters, registered objects) to ``output_dir``; call on every process.
+
+        Each process writes its own shard (``torch.distributed.checkpoint``); the folder appears by one
+        atomic rename once all are done. With ``automatic_checkpoint_naming`` the folder is
+        ``<project_dir>/checkpoints/checkpoint_<iteration>`` and ``total_limit`` applies. Returns the folder.
+        """
+        from overdrive.checkpoint import save_state
+
+        return save_state(self, output_dir, safe_serialization, **save_model_func_kwargs)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> str:
+        """Restore what ``save_state`` saved (the newest complete checkpoint when ``input_dir`` is None and
+        names are automatic), at this or another number of processes. Keywords: ``allow_pickle``
+        (default False), ``strict`` (default True), ``verify`` (checksums, default True)."""
+        from overdrive.checkpoint import load_state
+
+        return load_state(self, input_dir, **load_model_func_kwargs)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load ``objects`` (each with ``state_dict`` / ``load_state_dict``) with the state."""
+        from overdrive.checkpoint import check_stateful
+
+        self._custom_objects.extend(check_stateful(objects))
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before each ``save_state``; a hook that saves a model
+        itself pops its entry from ``weights``. Returns a handle with ``remove()``."""
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before each ``load_state``; a hook that loads a model itself
+        pops it from ``models``. Returns a handle with ``remove()``."""
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """Write ``model``'s full weights as ``model.safetensors`` (or shards + index) in ``save_directory``."""
+        from overdrive.checkpoint import save_model
+
+        save_model(model, save_directory, max_shard_size, safe_serialization, is_main_process=self.is_main_process)
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """``model``'s full state dict on the CPU, by the user's parameter names (gathered when sharded)."""
+        from overdrive.checkpoint import get_state_dict
+
+        return get_state_dict(model, unwrap=unwrap)
+
+    def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+        """``dataloader`` skipping the first ``num_batches`` batches of its next epoch (where ``load_state``
+        would resume it)."""
+        from overdrive.data import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches)
 
     def __repr__(self) -> str:
         return (f"Accelerator(strategy={self.plan.strategy!r}, device={self.device}, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -20,12 +21,15 @@ from overdrive.config import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     DistributedType,
+    FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    ParallelismConfig,
     ProfileKwargs,
     ProjectConfiguration,
     RNGType,
+    TorchTensorParallelPlugin,
 )
 from overdrive.precision import PrecisionPolicy, precision_policy
 from overdrive.runtime import (
@@ -35,6 +39,7 @@ from overdrive.runtime import (
     ensure_process_group,
     select_device,
 )
+from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
 
 #: The launcher hands its resolved settings to each worker in this one variable, as JSON.
 LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
@@ -120,6 +125,67 @@ class TrainingPlan:
     project: ProjectConfiguration = field(default_factory=ProjectConfiguration)
     log_with: tuple[Any, ...] = ()
     dynamo_backend: str | None = None
+    #: how the processes divide the work (plain DDP: dp_replicate = every process)
+    dims: ParallelDims = field(default_factory=ParallelDims)
+    #: whether the job asked for a device mesh (a parallelism config, FSDP or tensor parallel)
+    uses_mesh: bool = False
+    fsdp: FullyShardedDataParallelPlugin | None = None
+    tp: TorchTensorParallelPlugin | None = None
+    cp_comm_strategy: str = "allgather"
+
+
+@dataclass(frozen=True)
+class _Parallelism:
+    strategy: str
+    dims: ParallelDims
+    uses_mesh: bool
+    fsdp: FullyShardedDataParallelPlugin | None
+    tp: TorchTensorParallelPlugin | None
+    cp_comm_strategy: str
+
+
+def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParallelPlugin | None,
+                        parallelism_config: ParallelismConfig | None, tp_plugin: TorchTensorParallelPlugin | None,
+                        errors: list[str]) -> _Parallelism:
+    """The strategy and mesh sizes for the plugins given; problems are appended to ``errors``."""
+    from overdrive.transforms.context_parallel import comm_strategy_of, context_parallel_problem
+
+    info = process.info
+    tp_plugin = tp_plugin or (parallelism_config.tp_handler if parallelism_config else None)
+    if fsdp_plugin is not None and fsdp_plugin.fsdp_version == 1:
+        warnings.warn("fsdp_version=1 requested: overdrive runs FSDP2 (fully_shard) with the same settings",
+                      stacklevel=4)
+    if parallelism_config is not None:
+        sizes = parallelism_config.sizes()
+    elif fsdp_plugin is not None and fsdp_plugin.wants_hybrid_shard:
+        sizes = {"dp_replicate": -1, "dp_shard": info.local_world_size}  # shard within a machine
+    elif fsdp_plugin is not None or tp_plugin is not None:
+        sizes = {"dp_shard": -1, "tp": tp_plugin.tp_size if tp_plugin else 1}
+    else:
+        sizes = {"dp_replicate": info.world_size}
+    problems = check_sizes(sizes, info.world_size)
+    errors.extend(problems)
+    dims = ParallelDims() if problems else ParallelDims(**fill_sizes(sizes, info.world_size))
+    cp_comm = comm_strategy_of(parallelism_config.cp_handler if parallelism_config else None)
+    cp_size = sizes.get("cp", 1)
+    problem = context_parallel_problem(cp_size if isinstance(cp_size, int) else 1, process.device, cp_comm)
+    if problem:
+        errors.append(problem)
+    if tp_plugin is not None and tp_plugin.torch_device_mesh is not None:
+        errors.append("TorchTensorParallelPlugin(torch_device_mesh=...) is not used: overdrive builds the mesh; give "
+                      "the sizes with ParallelismConfig(tp_size=..., dp_shard_size=...)")
+    if dims.dp_replicate > 1 and dims.tp > 1 and not dims.shards_parameters:
+        errors.append(f"dp_replicate_size={dims.dp_replicate} with tp_size={dims.tp} needs dp_shard_size > 1: "
+                      "replicated data parallel over a tensor-parallel model is done by HSDP; use dp_shard_size")
+    if fsdp_plugin is not None and info.world_size > 1 and not dims.shards_parameters:
+        errors.append(f"fsdp_plugin was given but nothing is sharded ({dims.describe()}); give dp_shard_size > 1 in "
+                      "ParallelismConfig, or leave fsdp_plugin out for plain data parallel")
+    uses_mesh = fsdp_plugin is not None or parallelism_config is not None or tp_plugin is not None
+    if not uses_mesh or (dims.enabled_axes in ((), ("dp_replicate",)) and fsdp_plugin is None):
+        strategy = "ddp" if info.is_distributed else "single"
+    else:
+        strategy = "fsdp2"
+    return _Parallelism(strategy, dims, uses_mesh, fsdp_plugin, tp_plugin, cp_comm)
 
 
 _HANDLER_SLOTS = {
@@ -145,14 +211,32 @@ def split_kwargs_handlers(handlers: list[Any] | None) -> dict[str, Any]:
     return found
 
 
+def _launched_parallelism(launched: dict[str, Any], fsdp_plugin: FullyShardedDataParallelPlugin | None,
+                          parallelism_config: ParallelismConfig | None
+                          ) -> tuple[FullyShardedDataParallelPlugin | None, ParallelismConfig | None]:
+    """The FSDP plugin and parallelism sizes a launch config (Accelerate's YAML keys) asks for, unless the
+    script gave its own."""
+    if fsdp_plugin is None and str(launched.get("distributed_type", "")).upper() == "FSDP":
+        fsdp_plugin = FullyShardedDataParallelPlugin.from_config_dict(launched.get("fsdp_config") or {})
+    sizes = launched.get("parallelism_config") or {}
+    if parallelism_config is None and sizes:
+        parallelism_config = ParallelismConfig(**{k.removeprefix("parallelism_config_"): v for k, v in sizes.items()})
+    return fsdp_plugin, parallelism_config
+
+
 def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradient_accumulation_steps: int,
                      gradient_accumulation_plugin: GradientAccumulationPlugin | None,
                      dataloader_config: DataLoaderConfiguration | None, device_placement: bool | None,
                      step_scheduler_with_optimizer: bool, rng_types: list[str | RNGType] | None,
                      handlers: dict[str, Any], project_config: ProjectConfiguration | None,
-                     log_with: Any, dynamo_backend: str | None) -> TrainingPlan:
+                     log_with: Any, dynamo_backend: str | None,
+                     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+                     parallelism_config: ParallelismConfig | None = None,
+                     tp_plugin: TorchTensorParallelPlugin | None = None) -> TrainingPlan:
     launched = launch_config()
     errors: list[str] = []
+    fsdp_plugin, parallelism_config = _launched_parallelism(launched, fsdp_plugin, parallelism_config)
+    parallel = resolve_parallelism(process, fsdp_plugin, parallelism_config, tp_plugin, errors)
 
     if mixed_precision is None:
         mixed_precision = launched.get("mixed_precision", "no")
@@ -208,7 +292,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     elif not isinstance(log_with, (list, tuple)):
         log_with = (log_with,)
     return TrainingPlan(
-        strategy="ddp" if process.info.is_distributed else "single",
+        strategy=parallel.strategy,
         precision=precision,
         accumulation=accumulation,
         dataloader=dataloader_config or DataLoaderConfiguration(),
@@ -222,4 +306,9 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         project=project_config or ProjectConfiguration(),
         log_with=tuple(log_with),
         dynamo_backend=dynamo_backend,
+        dims=parallel.dims,
+        uses_mesh=parallel.uses_mesh,
+        fsdp=parallel.fsdp,
+        tp=parallel.tp,
+        cp_comm_strategy=parallel.cp_comm_strategy,
     )

@@ -217,6 +217,21 @@ class PreparedLoaderMixin:
         self._skip_next = int(num_batches)
 
     # -- iteration -----------------------------------------------------------------------------
+    def _get_iterator(self) -> Any:
+        """DataLoader draws its workers' base seed from torch's global generator each time an iterator is
+        made. A run resumed mid-epoch makes one where the uninterrupted run did not, which would shift
+        every later random number (dropout masks). Without a user generator, draw that seed from a
+        generator of (seed, epoch) instead: the global RNG stays untouched and worker seeds resume too."""
+        if self.generator is not None:
+            return super()._get_iterator()  # type: ignore[misc]
+        seed = self._seedable.seed if self._seedable is not None else 0
+        self.generator = torch.Generator().manual_seed((seed * 1_000_003 + self._epoch) % 2**63)
+        try:
+            return super()._get_iterator()  # type: ignore[misc]
+        finally:
+            self.generator = None
+
+    # -- iteration -----------------------------------------------------------------------------
     def _batches(self, skip: int) -> Iterator[tuple[Any, bool]]:
         raise NotImplementedError
 

@@ -7,6 +7,7 @@ Each environment is a function that returns a ``ProcessInfo`` or ``None`` when i
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -61,7 +62,111 @@ def from_torchrun(env: Mapping[str, str]) -> ProcessInfo | None:
     )
 
 
-DETECTORS: list[Callable[[Mapping[str, str]], ProcessInfo | None]] = [from_torchrun]
+def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        if env.get(name, "") != "":
+            return _int(env, name, default)
+    return default
+
+
+def _mpi_info(env: Mapping[str, str], rank: str, size: str, local_rank: tuple[str, ...],
+              local_size: tuple[str, ...], source: str) -> ProcessInfo | None:
+    if rank not in env or size not in env:
+        return None
+    world = _int(env, size, 1)
+    local_world = max(_first_int(env, local_size, world), 1)
+    global_rank = _int(env, rank, 0)
+    return ProcessInfo(
+        rank=global_rank,
+        world_size=world,
+        local_rank=_first_int(env, local_rank, global_rank % local_world),
+        local_world_size=local_world,
+        # MPI launchers give no node index; with the same number of ranks on every node (mpirun's
+        # default placement) it is the global rank divided by the ranks per node.
+        node_rank=global_rank // local_world,
+        # A launcher that knows nothing of torch cannot say where rank 0 lives: multi-node MPI jobs
+        # export MASTER_ADDR (``mpirun -x MASTER_ADDR=...``).
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=_int(env, "MASTER_PORT", 29500),
+        source=source,
+    )
+
+
+def from_open_mpi(env: Mapping[str, str]) -> ProcessInfo | None:
+    """``mpirun`` of Open MPI: OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE."""
+    return _mpi_info(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",),
+                     ("OMPI_COMM_WORLD_LOCAL_SIZE",), "open mpi")
+
+
+def from_mvapich(env: Mapping[str, str]) -> ProcessInfo | None:
+    """MVAPICH2: MV2_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE."""
+    return _mpi_info(env, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", ("MV2_COMM_WORLD_LOCAL_RANK",),
+                     ("MV2_COMM_WORLD_LOCAL_SIZE",), "mvapich")
+
+
+def from_pmi(env: Mapping[str, str]) -> ProcessInfo | None:
+    """MPICH and Intel MPI (Hydra's PMI_RANK / PMI_SIZE, MPI_LOCALRANKID / MPI_LOCALNRANKS), Cray PALS."""
+    # ``srun --mpi=pmi2`` sets PMI_RANK / PMI_SIZE too, without the Hydra local ids: fall back to SLURM's.
+    return _mpi_info(env, "PMI_RANK", "PMI_SIZE",
+                     ("MPI_LOCALRANKID", "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"),
+                     ("MPI_LOCALNRANKS", "PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"),
+                     "mpich / intel mpi")
+
+
+def _tasks_per_node(spec: str, node: int) -> int | None:
+    """SLURM's compressed per-node counts: ``"2(x3),1"`` is 2, 2, 2, 1; the count on node ``node``."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[node] if 0 <= node < len(counts) else (counts[0] if counts else None)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``"gpu[003-004,010],cpu1"`` -> ``"gpu003"``."""
+    nodelist = nodelist.strip()
+    match = re.match(r"([^,\[]*)(\[([^\]]*)\])?", nodelist)
+    if match is None or not match.group(2):
+        return nodelist.split(",")[0]
+    first = match.group(3).split(",")[0].split("-")[0]
+    return match.group(1) + first
+
+
+def from_slurm(env: Mapping[str, str]) -> ProcessInfo | None:
+    """``srun``: one task per rank, from SLURM_PROCID, SLURM_(STEP_)NTASKS, SLURM_LOCALID, SLURM_NODEID."""
+    if "SLURM_PROCID" not in env or not ("SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env):
+        return None
+    world = _first_int(env, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), 1)
+    node = _int(env, "SLURM_NODEID", 0)
+    local_world = _first_int(env, ("SLURM_NTASKS_PER_NODE",), 0)
+    if local_world <= 0:
+        spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+        local_world = _tasks_per_node(spec, node) or world
+    master_addr = env.get("MASTER_ADDR")
+    if not master_addr:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        master_addr = first_host(nodelist) if nodelist else "127.0.0.1"
+    # Every task of a job derives the same port from the job id, so no one has to pass it around.
+    default_port = 15000 + _int(env, "SLURM_JOB_ID", 0) % 20000 if "SLURM_JOB_ID" in env else 29500
+    return ProcessInfo(
+        rank=_int(env, "SLURM_PROCID", 0),
+        world_size=world,
+        local_rank=_int(env, "SLURM_LOCALID", 0),
+        local_world_size=local_world,
+        node_rank=node,
+        master_addr=master_addr,
+        master_port=_int(env, "MASTER_PORT", default_port),
+        source="slurm",
+    )
+
+
+# torchrun first: it may itself run under srun or mpirun, and then its variables describe the workers.
+# MPI before SLURM: ``mpirun`` inside an sbatch allocation inherits the batch step's SLURM_PROCID=0.
+DETECTORS: list[Callable[[Mapping[str, str]], ProcessInfo | None]] = [
+    from_torchrun, from_open_mpi, from_mvapich, from_pmi, from_slurm,
+]
 
 
 def detect_process_info(env: Mapping[str, str] | None = None) -> ProcessInfo:

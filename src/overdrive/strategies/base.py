@@ -23,6 +23,9 @@ class Strategy(Protocol):
     name: str
     #: what ``Accelerator.distributed_type`` reports; None: the device's MULTI_* (or NO).
     distributed_type: DistributedType | None
+    #: True when ``wrap_model`` itself places the model, applies precision and compilation (in the fixed
+    #: order of the model transforms); the Accelerator then does none of them.
+    applies_transforms: bool
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """The model as it trains under this strategy (already on the right device)."""
@@ -40,11 +43,15 @@ class Strategy(Protocol):
                         norm_type: float) -> torch.Tensor:
         """Clip by the norm of the whole model's gradient (across processes) and return that norm."""
 
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
+        """The optimizer pointed at the parameters the wrapped ``models`` train (sharding replaces them)."""
+
 
 # name -> "module:attribute", imported on first use so unused strategies cost nothing at import.
 _REGISTRY: dict[str, str | Callable[..., Strategy]] = {
     "single": "overdrive.strategies.single:SingleDeviceStrategy",
     "ddp": "overdrive.strategies.ddp:DDPStrategy",
+    "fsdp2": "overdrive.strategies.fsdp2:FSDP2Strategy",
 }
 
 

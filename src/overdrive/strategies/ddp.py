@@ -18,6 +18,7 @@ from overdrive.config import DistributedDataParallelKwargs
 class DDPStrategy:
     name = "ddp"
     distributed_type = None
+    applies_transforms = False
 
     def __init__(self, device: torch.device, ddp: DistributedDataParallelKwargs | None = None, **_: Any) -> None:
         self.device = device
@@ -57,6 +58,9 @@ class DDPStrategy:
                         norm_type: float) -> torch.Tensor:
         # Gradients are identical on every rank after DDP's all-reduce: the local norm is the global norm.
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
+        return optimizer  # the wrapped model trains the user's own parameters
 
 
 def compress_hook(dtype: torch.dtype) -> Callable:

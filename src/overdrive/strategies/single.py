@@ -13,6 +13,7 @@ from torch import nn
 class SingleDeviceStrategy:
     name = "single"
     distributed_type = None
+    applies_transforms = False
 
     def __init__(self, **_: Any) -> None:
         pass
@@ -32,3 +33,6 @@ class SingleDeviceStrategy:
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
+        return optimizer  # the wrapped model trains the user's own parameters

@@ -11,7 +11,7 @@ from typing import Any
 _CONFIG = ("DistributedType", "PrecisionType", "RNGType", "LoggerType", "DDPCommunicationHookType",
            "KwargsHandler", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
            "AutocastKwargs", "ProfileKwargs", "DataLoaderConfiguration", "GradientAccumulationPlugin",
-           "ProjectConfiguration")
+           "ProjectConfiguration", "FullyShardedDataParallelPlugin", "ParallelismConfig", "TorchTensorParallelPlugin")
 _OPS = ("gather", "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes",
         "send_to_device", "recursively_apply", "concatenate", "convert_to_fp32", "find_batch_size",
         "find_device", "listify", "slice_tensors", "honor_type", "is_torch_tensor")

@@ -1,0 +1,275 @@
+"""Run the parallel layouts on every GPU of this machine (NCCL) and compare each with one device.
+
+    python scripts/gpu_check.py                 # one process per visible GPU
+    python scripts/gpu_check.py --cpu --world 4 # the same logic on CPU processes over gloo
+
+For each layout that fits the number of processes (DDP, FSDP2, HSDP, tensor parallel with and without
+sequence parallel, FSDP2 x TP, context parallel, CP x TP) it trains a small transformer for ``--steps``
+steps on a global batch of ``--batch`` sequences and prints the largest difference from the loss of the
+same steps on one device, the peak memory per process and the step time. With one GPU it runs the
+one-process layouts and context parallel over a mesh of one device. On the CPU, context parallel must
+be refused before training (torch has no CPU attention rule for it): the script checks that it is.
+Exit status 1 when a layout misses the tolerance or fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+VOCAB, DIM, HEADS, LAYERS = 256, 128, 8, 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_model(seed: int = 0) -> Any:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n_heads, self.head_dim = HEADS, DIM // HEADS
+            self.q, self.k, self.v, self.o = (nn.Linear(DIM, DIM, bias=False) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, s = x.shape[:2]
+            q, k, v = (p(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+            self.attn = Attention()
+            self.gate, self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attn(self.norm1(x))
+            h = self.norm2(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.pos = nn.Embedding(VOCAB, DIM), nn.Embedding(1024, DIM)
+            self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+            self.norm, self.head = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
+
+        def forward(self, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids) + self.pos(position_ids)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(self.norm(x))
+
+    torch.manual_seed(seed)
+    return Model()
+
+
+def batches(steps: int, batch: int, seq: int) -> list[Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, VOCAB, (steps, batch, seq + 1), generator=g)
+    return [(step[:, :-1].contiguous(), step[:, 1:].contiguous()) for step in data]
+
+
+def loss_of(model: Any, ids: Any, labels: Any, positions: Any) -> Any:
+    import torch.nn.functional as F
+
+    logits = model(ids, positions)
+    return F.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def reference(args: argparse.Namespace, device: Any) -> list[float]:
+    """One device, plain PyTorch, the whole global batch."""
+    import torch
+
+    model = build_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for ids, labels in batches(args.steps, args.batch, args.seq):
+        ids, labels = ids.to(device), labels.to(device)
+        positions = torch.arange(ids.shape[1], device=device).expand_as(ids).contiguous()
+        loss = loss_of(model, ids, labels, positions)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def layouts(world: int) -> list[tuple[str, dict[str, Any]]]:
+    """(name, settings) of the layouts that fit ``world`` processes."""
+    if world == 1:
+        return [("one process", {}), ("fsdp2 plugin, 1 process", {"fsdp": True}),
+                ("context parallel over a 1-device mesh", {"cp_one_device": True})]
+    found: list[tuple[str, dict[str, Any]]] = [("ddp", {}), (f"fsdp2 x{world}", {"dp_shard_size": world})]
+    if world % 2 == 0:
+        half = world // 2
+        dp = f" x fsdp2={half}" if half > 1 else ""
+        found += [(f"tp=2{dp}", {"tp_size": 2, "dp_shard_size": half}),
+                  (f"tp=2 + sequence parallel{dp}", {"tp_size": 2, "dp_shard_size": half, "sp": True}),
+                  (f"cp=2{dp}", {"cp_size": 2, "dp_shard_size": half})]
+    if world % 4 == 0:
+        quarter = world // 4
+        dp = f" x fsdp2={quarter}" if quarter > 1 else ""
+        found += [(f"hsdp 2 x {world // 2}", {"dp_replicate_size": 2, "dp_shard_size": world // 2}),
+                  (f"cp=2 x tp=2{dp}", {"cp_size": 2, "tp_size": 2, "dp_shard_size": quarter})]
+    if HEADS % world == 0 and world > 2:
+        found.append((f"tp={world}", {"tp_size": world}))
+    return found
+
+
+def run_layout(name: str, settings: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from overdrive import Accelerator
+    from overdrive.config import FullyShardedDataParallelPlugin, ParallelismConfig, TorchTensorParallelPlugin
+
+    sizes = {k: v for k, v in settings.items() if k.endswith("_size")}
+    kwargs: dict[str, Any] = {"cpu": args.cpu}
+    if sizes:
+        kwargs["parallelism_config"] = ParallelismConfig(
+            **sizes, tp_handler=TorchTensorParallelPlugin(sequence_parallel=settings.get("sp", False)))
+    if settings.get("fsdp"):
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin()
+    if settings.get("cp_one_device") and args.cpu:
+        return {"skipped": "context parallel needs CUDA"}
+    if settings.get("cp_size", 1) > 1 and args.cpu:
+        try:
+            Accelerator(**kwargs)
+        except ValueError as exc:
+            return {"skipped": f"refused on CPU as expected: {str(exc).splitlines()[-1].strip(' -')[:70]}..."}
+        return {"error": "context parallel on CPU was not refused"}
+    accelerator = Accelerator(**kwargs)
+    device = accelerator.device
+    model = build_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    cp_mesh = _one_device_cp_mesh(device) if settings.get("cp_one_device") else None
+    dp, dp_rank = accelerator.data_parallel_size, accelerator.data_parallel_rank
+    per_rank = args.batch // dp
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, times = [], []
+    for ids, labels in batches(args.steps, args.batch, args.seq):
+        # the prepared loader's split, by hand: each data-parallel rank its slice of the global batch
+        ids, labels = (t[dp_rank * per_rank:(dp_rank + 1) * per_rank].to(device) for t in (ids, labels))
+        positions = torch.arange(ids.shape[1], device=device).expand_as(ids).contiguous()
+        start = time.perf_counter()
+        buffers = [ids, labels, positions]
+        if cp_mesh is not None:
+            from overdrive.transforms.context_parallel import context_parallel_region
+
+            region = context_parallel_region(cp_mesh, buffers, [1, 1, 1], set(buffers))
+        else:
+            region = accelerator.maybe_context_parallel(buffers, [1, 1, 1], set(buffers))
+        with region:
+            loss = loss_of(model, ids, labels, positions)
+            accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        # cp ranks hold different parts of the sequence (all count); tp peers the same loss (counted once)
+        losses.append(accelerator.gather(loss.detach().reshape(1)).mean().item())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else _rss()
+    accelerator.free_memory()
+    return {"losses": losses, "memory_mb": memory / 2**20, "step_ms": 1000 * sorted(times[1:] or times)[len(times) // 2]}
+
+
+def _one_device_cp_mesh(device: Any) -> Any:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group(dist.get_default_backend_for_device(device), rank=0, world_size=1)
+    return init_device_mesh(device.type, (1,), mesh_dim_names=("cp",))
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+
+    if args.cpu:
+        torch.set_num_threads(1)
+    else:
+        torch.cuda.set_device(rank)
+    device = torch.device("cpu") if args.cpu else torch.device("cuda", rank)
+    expected = reference(args, device)
+    failed = False
+    rows = []
+    for name, settings in layouts(world):
+        try:
+            result = run_layout(name, settings, args)
+        except Exception:  # noqa: BLE001 - report every layout, then fail
+            result = {"error": traceback.format_exc(limit=4)}
+        if "losses" in result:
+            diff = max(abs(a - b) for a, b in zip(result["losses"], expected))
+            ok = diff <= args.tolerance and len(result["losses"]) == len(expected)
+            failed |= not ok
+            rows.append(f"| {name} | {'ok' if ok else 'FAIL'} | {diff:.2e} | {result['losses'][-1]:.4f} | "
+                        f"{result['memory_mb']:.0f} | {result['step_ms']:.1f} |")
+        else:
+            failed |= "error" in result
+            rows.append(f"| {name} | {'skipped' if 'skipped' in result else 'ERROR'} | "
+                        f"{result.get('skipped') or result['error'].strip().splitlines()[-1]} | | | |")
+    if rank == 0:
+        kind = "CPU/gloo" if args.cpu else f"CUDA/NCCL ({torch.cuda.get_device_name(0)})"
+        print(f"\n{world} process(es) on {kind}; reference final loss {expected[-1]:.4f}; tolerance {args.tolerance}")
+        print("| layout | result | max abs loss diff | final loss | peak memory MB | step ms |\n|---|---|---|---|---|---|")
+        print("\n".join(rows), flush=True)
+    if failed:
+        raise SystemExit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cpu", action="store_true", help="CPU processes over gloo (tests the script's logic)")
+    parser.add_argument("--world", type=int, default=None, help="processes (default: GPUs, or 2 with --cpu)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--tolerance", type=float, default=None)
+    args = parser.parse_args(argv)
+    import torch
+    import torch.multiprocessing as mp
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("no CUDA device: run with --cpu to check the logic on CPU processes", file=sys.stderr)
+        return 2
+    world = args.world or (2 if args.cpu else torch.cuda.device_count())
+    # fp32 everywhere; on CUDA the reductions are ordered differently across layouts (and TF32 may be on)
+    args.tolerance = args.tolerance or (1e-5 if args.cpu else 2e-3)
+    try:
+        mp.spawn(worker, args=(world, _free_port(), args), nprocs=world, join=True)
+    except Exception:  # noqa: BLE001 - a rank failed (its traceback is printed above)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

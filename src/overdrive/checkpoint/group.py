@@ -1,0 +1,102 @@
+"""The few collectives a save or a load needs, and errors raised alike on every process."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
+from overdrive.checkpoint.errors import CheckpointError
+
+T = TypeVar("T")
+
+
+class Group:
+    """The default process group as a save or a load uses it (every call is a no-op in one process)."""
+
+    def __init__(self) -> None:
+        self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.rank = dist.get_rank() if self.active else 0
+        self.size = dist.get_world_size() if self.active else 1
+
+    def gather(self, value: Any) -> list[Any]:
+        if not self.active:
+            return [value]
+        gathered: list[Any] = [None] * self.size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value``, on every rank."""
+        if not self.active:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def check(self, error: BaseException | None, what: str) -> None:
+        """Raise on every rank if ``what`` failed on any: one collective, so call it on every rank."""
+        if not self.active:
+            if error is not None:
+                raise error
+            return
+        reports = self.gather(None if error is None else _describe(error))
+        failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
+        if not failed:
+            return
+        message = "; ".join(f"rank {rank}: {report}" for rank, report in failed)
+        raise CheckpointError(f"{what}: {message}") from (error if isinstance(error, Exception) else None)
+
+    def run_on_main(self, function: Callable[[], T], what: str) -> T:
+        """``function()`` run by rank 0 alone; its result (or its error) reaches every rank."""
+        result, error = None, None
+        if self.rank == 0:
+            try:
+                result = function()
+            except Exception as exc:  # noqa: BLE001 - reported on every rank below
+                error = exc
+        if not self.active and error is not None:
+            raise error
+        result, report = self.broadcast((result, None if error is None else _describe(error)))
+        if report is not None:
+            if error is not None:
+                raise error
+            raise CheckpointError(f"{what}: {report}")
+        return result  # type: ignore[return-value]
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, CheckpointError):
+        return str(error)
+    if isinstance(error, CheckpointException):
+        return dcp_failure(error)
+    return f"{type(error).__name__}: {error}"
+
+
+def dcp_failure(error: CheckpointException) -> str:
+    """The first cause inside DCP's exception, which otherwise prints every rank's traceback."""
+    for rank, failure in sorted(error.failures.items()):
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(cause, CheckpointError):
+            return str(cause)
+        return f"rank {rank}: {type(cause).__name__}: {cause}"
+    return str(error)
+
+
+def run_dcp(function: Callable[[], T]) -> T:
+    """Run a DCP save or load, raising :class:`CheckpointError` (an ``Exception``) instead of DCP's
+    ``CheckpointException`` (a ``BaseException``, which ``except Exception`` does not catch)."""
+    try:
+        with warnings.catch_warnings():
+            # DCP warns that it "assumes the intent" whenever there is no process group: we meant it.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            return function()
+    except CheckpointException as exc:
+        raise CheckpointError(dcp_failure(exc)) from None

@@ -1,0 +1,273 @@
+"""``load_state``: check a checkpoint whole and fitting, then restore every piece of the training run.
+
+Before anything is changed, the files are checked against the manifest (split over the ranks) and the
+checkpoint's keys and shapes against this run's models and optimizers, so a damaged or mismatched
+checkpoint fails with one error that names the files or keys, on every rank, leaving the run untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from overdrive.checkpoint import naming
+from overdrive.checkpoint.codec import REF, decode
+from overdrive.checkpoint.errors import CheckpointError
+from overdrive.checkpoint.group import Group, run_dcp
+from overdrive.checkpoint.save import STATE_FILE, rank_file
+from overdrive.checkpoint.state import (
+    GROUPS,
+    STATE,
+    ModelState,
+    OptimizerState,
+    flatten_optimizer,
+    loader_state_for,
+    optimizer_owner,
+    restore_rng,
+)
+from overdrive.checkpoint.storage import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    read_json,
+    read_manifest,
+    verify_files,
+)
+
+
+def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, allow_pickle: bool = False,
+               strict: bool = True, verify: bool = True, **unexpected: Any) -> str:
+    """Restore what :func:`~overdrive.checkpoint.save.save_state` saved; return the folder.
+
+    Call it on every process. See :meth:`overdrive.Accelerator.load_state`.
+    """
+    if unexpected:
+        raise TypeError(f"load_state() got unexpected arguments {sorted(unexpected)}; it accepts allow_pickle, "
+                        "strict and verify")
+    group = Group()
+    project = accelerator.project_configuration
+    folder = Path(group.run_on_main(lambda: str(_find(project, input_dir)), "load_state"))
+    error, manifest = None, {}
+    try:
+        manifest = read_manifest(folder)
+        names = sorted(manifest["files"])
+        problems = verify_files(folder, manifest, names[group.rank::group.size], with_checksums=verify)
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        error, problems = exc, []
+    group.check(error, f"load_state({str(folder)!r})")
+    problems = [p for part in group.gather(problems) for p in part]
+    if problems:
+        raise CheckpointError(f"checkpoint {folder} is damaged:\n  " + "\n  ".join(problems))
+
+    error = None
+    try:
+        state = read_json(folder / STATE_FILE)
+        mine = folder / rank_file(group.rank)
+        ranked = read_json(mine) if mine.is_file() else None
+        models = list(accelerator._models)
+        for hook in accelerator._load_state_pre_hooks.values():
+            hook(models, str(folder))  # a hook that loads a model itself pops it
+        wanted = [i for i, model in enumerate(accelerator._models) if any(model is m for m in models)]
+        reader = SafeFileSystemReader(folder, allow_pickle=allow_pickle)
+        plan = _Plan(reader.read_metadata(), folder, strict)
+        plan.problems += _count_problems(accelerator, state)
+        plan.add_models(accelerator, state, wanted)
+        plan.add_optimizers(accelerator, state)
+        plan.add_references(state)
+        plan.raise_problems()
+        loader_states = [loader_state_for(decode(record), loader, i)
+                         for i, (record, loader) in enumerate(zip(state["dataloaders"], accelerator._dataloaders))]
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        error = exc
+    group.check(error, f"load_state({str(folder)!r})")
+    run_dcp(lambda: dcp.load(plan.targets, storage_reader=reader, planner=SafeLoadPlanner(allow_pickle),
+                             no_dist=not group.active))
+
+    error = None
+    try:
+        plan.apply(accelerator, state, allow_pickle)
+        _restore_process_state(accelerator, state, ranked, loader_states, manifest, group, allow_pickle)
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        error = exc
+    group.check(error, f"load_state({str(folder)!r}) could not restore the training state")
+    return str(folder)
+
+
+def _find(project: Any, input_dir: str | os.PathLike | None) -> Path:
+    if input_dir is None:
+        if not project.automatic_checkpoint_naming:
+            raise ValueError("load_state() needs input_dir, unless ProjectConfiguration(automatic_checkpoint_naming="
+                             "True) names the checkpoints (then it loads the newest complete one)")
+        return naming.newest_checkpoint(project)
+    folder = Path(input_dir)
+    if not folder.exists():
+        raise CheckpointError(f"checkpoint folder {folder} does not exist{naming.explain_missing(folder)}")
+    return folder
+
+
+def _count_problems(accelerator: Any, state: dict[str, Any]) -> list[str]:
+    pairs = [("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers),
+             ("dataloaders", accelerator._dataloaders), ("custom_objects", accelerator._custom_objects)]
+    wrong = [f"{len(state[key])} {key.replace('_', ' ')} (this run has {len(ours)})"
+             for key, ours in pairs if len(state[key]) != len(ours)]
+    extra = [i for i in state["models"] if i >= len(accelerator._models)]
+    if extra:
+        wrong.insert(0, f"model {extra[0]} (this run has {len(accelerator._models)} models)")
+    if not wrong:
+        return []
+    return [f"the checkpoint holds {', '.join(wrong)}; prepare (and register_for_checkpointing) the same objects, "
+            "in the same order, as the run that saved it"]
+
+
+class _Plan:
+    """What to read from the DCP files, into which tensors, and what does not fit."""
+
+    def __init__(self, metadata: Metadata, folder: Path, strict: bool) -> None:
+        self.saved = metadata.state_dict_metadata
+        self.folder = folder
+        self.strict = strict
+        self.targets: dict[str, Any] = {}
+        self.problems: list[str] = []
+        self.groups: dict[int, list[dict[str, Any]]] = {}
+
+    def _keys(self, prefix: str) -> dict[str, Any]:
+        return {k[len(prefix):]: v for k, v in self.saved.items() if k.startswith(prefix)}
+
+    def _allocate(self, key: str) -> torch.Tensor:
+        entry = self.saved[key]
+        return torch.empty(entry.size, dtype=entry.properties.dtype)
+
+    def _compare(self, what: str, prefix: str, target: dict[str, Any], strict: bool,
+                 optional: tuple[str, ...] = ()) -> None:
+        """Queue ``target``'s keys that the checkpoint holds; record missing, unexpected and reshaped ones."""
+        saved = self._keys(prefix)
+        missing = [k for k in target if k not in saved and not k.startswith(optional)]
+        unexpected = [k for k in saved if k not in target]
+        reshaped = [f"{k} (checkpoint {tuple(saved[k].size)}, this run {tuple(v.shape)})"
+                    for k, v in target.items() if k in saved and isinstance(v, torch.Tensor)
+                    and isinstance(saved[k], TensorStorageMetadata) and tuple(saved[k].size) != tuple(v.shape)]
+        if strict and missing:
+            self.problems.append(f"{what}: missing in the checkpoint: {_names(missing)}")
+        if strict and unexpected:
+            self.problems.append(f"{what}: in the checkpoint but not in this run: {_names(unexpected)}")
+        if reshaped:
+            self.problems.append(f"{what}: shapes differ: {_names(reshaped)}")
+        for key, value in target.items():
+            if key in saved:
+                self.targets[prefix + key] = value
+
+    def add_models(self, accelerator: Any, state: dict[str, Any], wanted: list[int]) -> None:
+        saved_models = list(state["models"])
+        for i in wanted:
+            if i not in saved_models:
+                self.problems.append(f"model {i}: the checkpoint has no weights for it (it holds models "
+                                     f"{saved_models}); a save hook may have saved it in its own format")
+                continue
+            target = ModelState(accelerator._models[i]).state_dict()
+            self._compare(f"model {i} ({type(accelerator.unwrap_model(accelerator._models[i])).__name__})",
+                          f"model_{i}.", target, self.strict)
+
+    def add_optimizers(self, accelerator: Any, state: dict[str, Any]) -> None:
+        for j, prepared in enumerate(accelerator._optimizers):
+            if j >= len(state["optimizers"]) or not state["optimizers"][j]["has_state"]:
+                continue
+            inner = getattr(prepared, "optimizer", prepared)
+            nested = OptimizerState(inner, optimizer_owner(inner, accelerator._models)).nested_state_dict()
+            self.groups[j] = nested[GROUPS]
+            prefix = f"optimizer_{j}."
+            target = flatten_optimizer(nested)
+            # State saved for parameters that have none here (their gradients existed before this load, so
+            # torch did not create it): read into new tensors. State this run has but the checkpoint lacks
+            # (parameters that had not stepped when saved) is left out, so they stay without state.
+            for key, entry in self._keys(prefix).items():
+                if key.startswith(f"{STATE}.") and key not in target:
+                    target[key] = self._allocate(prefix + key) if isinstance(entry, TensorStorageMetadata) else None
+            self._compare(f"optimizer {j} ({type(inner).__name__})", prefix, target, strict=True,
+                          optional=(f"{STATE}.",))
+
+    def add_references(self, state: dict[str, Any]) -> None:
+        """Tensors of schedulers and registered objects: read into new tensors shaped as saved."""
+        for key in _references(state.get("schedulers", [])) + _references(state.get("custom_objects", [])):
+            if key not in self.saved:
+                self.problems.append(f"{key}: referenced by {STATE_FILE} but missing from the DCP files")
+            else:
+                self.targets[key] = self._allocate(key)
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise CheckpointError(f"{self.folder} does not fit this run:\n  " + "\n  ".join(self.problems))
+
+    def apply(self, accelerator: Any, state: dict[str, Any], allow_pickle: bool) -> None:
+        """Hand the loaded values to the models, optimizers, schedulers, scaler and registered objects."""
+        for i in state["models"]:
+            prefix = f"model_{i}."
+            values = {k[len(prefix):]: v for k, v in self.targets.items() if k.startswith(prefix)}
+            if values and i < len(accelerator._models):
+                ModelState(accelerator._models[i]).load_state_dict(values, strict=self.strict)
+        for j, prepared in enumerate(accelerator._optimizers):
+            inner = getattr(prepared, "optimizer", prepared)
+            info = state["optimizers"][j]
+            if not info["has_state"]:
+                inner.load_state_dict({"state": {}, "param_groups": decode(info["param_groups"])})
+                continue
+            prefix = f"optimizer_{j}."
+            values = {k[len(prefix):]: v for k, v in self.targets.items() if k.startswith(prefix)}
+            OptimizerState(inner, optimizer_owner(inner, accelerator._models)).load_state_dict(values, self.groups[j])
+        source = self.targets.__getitem__
+        for i, scheduler in enumerate(accelerator._schedulers):
+            scheduler.load_state_dict(decode(state["schedulers"][i], source, allow_pickle, f"scheduler_{i}"))
+        for i, obj in enumerate(accelerator._custom_objects):
+            obj.load_state_dict(decode(state["custom_objects"][i], source, allow_pickle, f"custom_{i}"))
+        if state.get("scaler") is not None:
+            if accelerator.scaler is None:
+                warnings.warn("the checkpoint holds fp16 loss-scaler state but this run has no scaler "
+                              "(mixed_precision changed?); it is not restored", stacklevel=4)
+            else:
+                accelerator.scaler.load_state_dict(decode(state["scaler"]))
+
+
+def _names(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... ({len(keys)} in all)" if len(keys) > limit else "")
+
+
+def _references(encoded: Any) -> list[str]:
+    """The DCP keys that encoded JSON refers to."""
+    if isinstance(encoded, list):
+        return [key for item in encoded for key in _references(item)]
+    if isinstance(encoded, dict):
+        if set(encoded) == {REF}:
+            return [encoded[REF]]
+        return [key for value in encoded.values() for key in _references(value)]
+    return []
+
+
+def _restore_process_state(accelerator: Any, state: dict[str, Any], ranked: dict[str, Any] | None,
+                           loader_states: list[dict[str, Any]], manifest: dict[str, Any], group: Group,
+                           allow_pickle: bool) -> None:
+    """Counters, data-loader positions and, last, this rank's RNG states."""
+    counters = state["counters"]
+    accelerator.step = int(counters["step"])
+    accelerator._window_pos = int(counters["window_pos"])
+    accelerator._window_size = int(counters["window_size"])
+    accelerator._loss_divisor = int(counters["loss_divisor"])
+    accelerator.project_configuration.iteration = int(counters["iteration"])
+    generators = ranked.get("loader_generators", []) if ranked else []
+    for i, (loader, loader_state) in enumerate(zip(accelerator._dataloaders, loader_states)):
+        loader.load_state_dict(loader_state)
+        generator = getattr(loader, "generator", None)
+        if generator is not None and i < len(generators) and generators[i] is not None:
+            generator.set_state(decode(generators[i]))
+    saved_world = int(manifest["world_size"])
+    if ranked is not None:
+        restore_rng(decode(ranked["rng"], allow_pickle=allow_pickle), accelerator.device)
+    elif group.rank == saved_world:  # the first rank without a saved state speaks for all of them
+        ranks = (f"rank {saved_world} has" if group.size - saved_world == 1
+                 else f"ranks {saved_world}-{group.size - 1} have")
+        warnings.warn(f"the checkpoint was saved by {saved_world} processes: {ranks} no saved RNG state and "
+                      "keep their current one", stacklevel=4)

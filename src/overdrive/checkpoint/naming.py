@@ -1,0 +1,154 @@
+"""Where checkpoints go: automatic names, the newest complete one, ``total_limit``, and the atomic rename.
+
+A checkpoint is written into a hidden sibling folder ``.<name>.tmp-<token>`` and becomes visible under
+its name by one ``os.replace`` once every process has finished; its ``manifest.json`` is written last.
+So a folder under a checkpoint's name is complete, a hidden temporary folder never is, and a process
+killed mid-save leaves the previous checkpoints as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+from overdrive.checkpoint.errors import CheckpointError
+from overdrive.checkpoint.storage import MANIFEST, fsync_dir
+from overdrive.config import ProjectConfiguration
+
+PREFIX = "checkpoint_"
+_NUMBERED = re.compile(rf"^{PREFIX}(\d+)$")
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<token>[0-9a-f]+)$")
+
+
+def checkpoints_root(project: ProjectConfiguration) -> Path:
+    """``<project_dir>/checkpoints``, where automatically named checkpoints live."""
+    if not project.project_dir:
+        raise ValueError("automatic checkpoint naming needs a project folder: pass Accelerator(project_dir=...) "
+                         "or ProjectConfiguration(project_dir=...)")
+    return Path(project.project_dir) / "checkpoints"
+
+
+def save_target(project: ProjectConfiguration, output_dir: str | os.PathLike | None) -> Path:
+    """The folder ``save_state(output_dir)`` writes."""
+    if project.automatic_checkpoint_naming:
+        if output_dir is not None:
+            warnings.warn(f"save_state(output_dir={str(output_dir)!r}) is ignored with automatic_checkpoint_naming; "
+                          f"the checkpoint goes to {checkpoints_root(project)}", stacklevel=3)
+        target = checkpoints_root(project) / f"{PREFIX}{project.iteration}"
+        if target.exists():
+            raise CheckpointError(
+                f"{target} already exists: automatic naming never overwrites a checkpoint. Set "
+                "accelerator.project_configuration.iteration to the next free number (load_state() restores it "
+                "from the newest checkpoint), or delete the folder")
+        return target
+    if output_dir is None:
+        raise ValueError("save_state() needs output_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True) "
+                         "names the checkpoints")
+    target = Path(output_dir)
+    if target.exists() and not target.is_dir():
+        raise CheckpointError(f"save_state(output_dir={str(target)!r}): that path is a file, not a folder")
+    if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file():
+        raise CheckpointError(
+            f"save_state(output_dir={str(target)!r}): the folder holds files but is not an overdrive checkpoint; "
+            "a save replaces the whole folder, so it refuses to delete them. Choose another folder or empty it")
+    return target
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The complete ``checkpoint_<n>`` folders of ``root`` (those with a manifest), oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _NUMBERED.match(entry.name)
+        if match and entry.is_dir() and (entry / MANIFEST).is_file():
+            found.append((int(match.group(1)), entry))
+    return [path for _, path in sorted(found)]
+
+
+def newest_checkpoint(project: ProjectConfiguration) -> Path:
+    """The newest complete checkpoint under the project's checkpoints folder."""
+    root = checkpoints_root(project)
+    found = complete_checkpoints(root)
+    if not found:
+        hidden = sorted(p.name for p in root.iterdir() if _TEMPORARY.match(p.name)) if root.is_dir() else []
+        extra = f" (only unfinished saves: {', '.join(hidden)})" if hidden else ""
+        raise CheckpointError(f"load_state() found no complete checkpoint in {root}{extra}; pass the folder to "
+                              "load_state(input_dir), or save one first")
+    return found[-1]
+
+
+def explain_missing(target: Path) -> str:
+    """Why ``target`` may be missing: an interrupted overwrite leaves the old copy beside it."""
+    parent = target.parent
+    if not parent.is_dir():
+        return ""
+    aside = sorted(p for p in parent.iterdir() if (m := _TEMPORARY.match(p.name)) and m["name"] == target.name
+                   and m["kind"] == "old" and (p / MANIFEST).is_file())
+    if aside:
+        return (f"; a save that was replacing it was interrupted, and the previous checkpoint is intact at "
+                f"{aside[-1]}: rename it to {target.name} to use it")
+    return ""
+
+
+def temporary_path(target: Path, token: str) -> Path:
+    return target.parent / f".{target.name}.tmp-{token}"
+
+
+def clean_temporaries(parent: Path, keep_token: str) -> list[Path]:
+    """Delete the leftovers of interrupted saves in ``parent`` (not those of the save ``keep_token``).
+
+    An ``.old`` copy is kept when its checkpoint is missing: it is then the only copy left.
+    """
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    for entry in parent.iterdir():
+        match = _TEMPORARY.match(entry.name)
+        if not match or match["token"] == keep_token:
+            continue
+        if match["kind"] == "old" and not (parent / match["name"]).exists():
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def publish(temporary: Path, target: Path, token: str) -> None:
+    """Make the finished ``temporary`` folder visible as ``target``, replacing an older ``target``.
+
+    The old folder is first moved aside by a rename, so at every moment one complete copy exists
+    (under its name or beside it, see :func:`explain_missing`); it is deleted once the new one is in.
+    """
+    aside = target.parent / f".{target.name}.old-{token}"
+    if target.exists():
+        os.replace(target, aside)
+    try:
+        os.replace(temporary, target)
+    except OSError:
+        if aside.exists() and not target.exists():
+            os.replace(aside, target)  # put the old checkpoint back
+        raise
+    fsync_dir(target.parent)
+    if aside.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def prune(root: Path, total_limit: int | None, keep: Path) -> list[Path]:
+    """Delete the oldest complete checkpoints of ``root`` beyond ``total_limit`` (never ``keep``)."""
+    if total_limit is None or total_limit <= 0:
+        return []
+    found = complete_checkpoints(root)
+    removed = []
+    for path in found[: max(len(found) - total_limit, 0)]:
+        if path.resolve() == keep.resolve():
+            continue
+        # Rename first: a half-deleted folder must not look like a complete checkpoint.
+        doomed = path.parent / f".{path.name}.tmp-{os.urandom(4).hex()}"
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(path)
+    return removed

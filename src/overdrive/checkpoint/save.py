@@ -1,0 +1,247 @@
+"""``save_state``: every piece of a training run, sharded with DCP, published by one atomic rename.
+
+A checkpoint folder holds:
+
+- ``__<rank>_0.distcp`` and ``.metadata``: DCP's files. Models, optimizers and the tensors of the other
+  pieces; each rank writes its own part (replicated tensors once, spread over the ranks).
+- ``state.json`` (rank 0): schedulers, the loss scaler, data-loader positions, registered objects,
+  step counters; tensors inside them are references into the DCP files.
+- ``rank_<r>.json``: the RNG states of rank ``r``.
+- ``manifest.json``, written last: format version, world size, versions, and every file's size and CRC-32.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+from overdrive.checkpoint import naming
+from overdrive.checkpoint.codec import encode
+from overdrive.checkpoint.errors import CheckpointError
+from overdrive.checkpoint.group import Group, run_dcp
+from overdrive.checkpoint.state import ModelState, OptimizerState, capture_rng, loader_record, optimizer_owner
+from overdrive.checkpoint.storage import DCP_METADATA, MANIFEST, describe, manifest_data, write_json
+
+STATE_FILE = "state.json"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank}.json"
+
+
+def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
+               **unexpected: Any) -> str:
+    """Save everything ``accelerator`` trains with into ``output_dir``; return the folder.
+
+    Call it on every process. See :meth:`overdrive.Accelerator.save_state`.
+    """
+    del safe_serialization  # checkpoints are always DCP files + JSON, read back without unpickling
+    if unexpected:
+        raise TypeError(f"save_state() got unexpected arguments {sorted(unexpected)}")
+    group = Group()
+    project = accelerator.project_configuration
+    target_name, token = group.run_on_main(
+        lambda: (str(naming.save_target(project, output_dir)), uuid.uuid4().hex[:16]), "save_state")
+    target = Path(target_name)
+    if accelerator._window_pos:
+        warnings.warn(
+            f"save_state() in the middle of an accumulation window (micro-batch {accelerator._window_pos} of "
+            f"{getattr(accelerator, '_window_size', '?')}): the gradients accumulated so far are not saved, so a "
+            "resumed run starts this window without them. Save after an optimizer step (when "
+            "accelerator.sync_gradients is True) for an exact resume", stacklevel=3)
+
+    temporary = naming.temporary_path(target, token)
+    leader = False
+    try:
+        leader, replicate = _prepare_folder(accelerator, group, temporary, token)
+        error, kept = None, []
+        try:  # hooks write into the folder being built, so what they write is published with it
+            kept = _run_save_hooks(accelerator, temporary)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank
+            error = exc
+        group.check(error, f"save_state({str(target)!r}): a save_state pre-hook failed")
+        kept = group.broadcast(kept)  # the main process's choice
+        try:
+            flat, summary = _write_json_parts(accelerator, group, temporary, kept)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank
+            error, flat, summary = exc, {}, {}
+        group.check(error, f"save_state({str(target)!r}) could not collect the training state")
+        writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True, thread_count=1)
+        metadata = run_dcp(lambda: dcp.save(flat, storage_writer=writer,
+                                            planner=DefaultSavePlanner(flatten_state_dict=False),
+                                            no_dist=not group.active))
+        everything = group.gather(_describe_own_files(group, temporary, metadata))
+        group.run_on_main(lambda: _finish(accelerator, group, temporary, target, token, everything, summary),
+                          f"save_state({str(target)!r}) could not publish the checkpoint")
+        if replicate:
+            _replicate(accelerator, group, temporary if leader and group.rank != 0 else None, target, token)
+    except BaseException as exc:
+        if leader:
+            shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
+            # typically a collective that failed because another process died mid-save
+            raise CheckpointError(f"save_state({str(target)!r}) did not finish ({type(exc).__name__}: {exc}); "
+                                  "nothing was published and earlier checkpoints are untouched") from exc
+        raise
+    project.iteration += 1
+    return str(target)
+
+
+def _run_save_hooks(accelerator: Any, folder: Path) -> list[int]:
+    """Run the save pre-hooks with the folder being written; return the indices of the models still to
+    save (hooks that save a model themselves pop its entry from ``weights``)."""
+    hooks = list(accelerator._save_state_pre_hooks.values())
+    if not hooks:
+        return list(range(len(accelerator._models)))
+    models = list(accelerator._models)
+    weights = [accelerator.unwrap_model(model).state_dict() for model in models]
+    original = list(weights)
+    for hook in hooks:
+        hook(models, weights, str(folder))
+    return [i for i, w in enumerate(original) if any(w is other for other in weights)]
+
+
+def _prepare_folder(accelerator: Any, group: Group, temporary: Path, token: str) -> tuple[bool, bool]:
+    """Create the temporary folder. Return whether this rank does the file-system steps, and whether
+    the finished checkpoint must be copied to other machines.
+
+    The file-system steps are rank 0's, or with ``save_on_each_node`` each machine's first process's,
+    unless the folder turns out to be on a file system that every machine shares.
+    """
+    project = accelerator.project_configuration
+    local_main = accelerator.local_process_index == 0
+    if not (project.save_on_each_node and group.active):
+        if group.rank == 0:
+            naming.clean_temporaries(temporary.parent, token)
+            temporary.mkdir(parents=True)
+        group.barrier()
+        return group.rank == 0, False
+    marker = temporary / f".node-{group.rank}"
+    if local_main:
+        naming.clean_temporaries(temporary.parent, token)
+        temporary.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    mains = [rank for rank, flag in enumerate(group.gather(local_main)) if flag]
+    shared = group.broadcast(all((temporary / f".node-{r}").exists() for r in mains) if group.rank == 0 else None)
+    group.barrier()
+    if local_main:
+        marker.unlink(missing_ok=True)
+    return (group.rank == 0, False) if shared else (local_main, True)
+
+
+def _write_json_parts(accelerator: Any, group: Group, folder: Path, kept: list[int]) -> tuple[dict, dict]:
+    """Write ``rank_<r>.json`` (and ``state.json`` on rank 0); return DCP's flat state dict and a summary."""
+    flat: dict[str, Any] = {}
+    model_keys = []
+    for i in kept:
+        state = ModelState(accelerator._models[i]).state_dict()
+        flat.update({f"model_{i}.{k}": v for k, v in state.items()})
+        model_keys.append(list(state))
+    optimizers = []
+    for j, prepared in enumerate(accelerator._optimizers):
+        inner = getattr(prepared, "optimizer", prepared)
+        adapter = OptimizerState(inner, optimizer_owner(inner, accelerator._models))
+        if adapter.has_state:
+            flat.update({f"optimizer_{j}.{k}": v for k, v in adapter.state_dict().items()})
+            optimizers.append({"has_state": True})
+        else:  # hyperparameters only (a scheduler may have changed them); no state to shard
+            optimizers.append({"has_state": False, "param_groups": encode(inner.state_dict()["param_groups"])})
+
+    device = accelerator.device
+    generators = [getattr(loader, "generator", None) for loader in accelerator._dataloaders]
+    write_json(folder / rank_file(group.rank), {
+        "rank": group.rank, "rng": encode(capture_rng(device)),
+        "loader_generators": [None if g is None else encode(g.get_state()) for g in generators]})
+    summary = {"models": kept, "optimizers": len(optimizers), "schedulers": len(accelerator._schedulers),
+               "dataloaders": len(accelerator._dataloaders), "custom_objects": len(accelerator._custom_objects),
+               "scaler": accelerator.scaler is not None, "step": accelerator.step,
+               "iteration": accelerator.project_configuration.iteration}
+    if group.rank != 0:
+        return flat, summary
+
+    def sink(prefix: str) -> Any:
+        def store(tensor: torch.Tensor, path: str) -> str:
+            key = f"{prefix}.{path}"
+            flat[key] = tensor.detach()
+            return key
+        return store
+
+    pickled: list[str] = []
+    custom = [encode(obj.state_dict(), sink(f"custom_{i}"), f"custom_{i}", pickled)
+              for i, obj in enumerate(accelerator._custom_objects)]
+    if pickled:
+        warnings.warn(f"save_state(): {', '.join(pickled)} could only be saved with pickle; load_state() will need "
+                      "allow_pickle=True to read them back", stacklevel=4)
+    scaler_state = accelerator.scaler.state_dict() if accelerator.scaler is not None else None
+    write_json(folder / STATE_FILE, {
+        "counters": {"step": accelerator.step, "window_pos": accelerator._window_pos,
+                     "window_size": getattr(accelerator, "_window_size", accelerator._loss_divisor),
+                     "loss_divisor": accelerator._loss_divisor,
+                     "num_steps": accelerator.gradient_accumulation_steps,
+                     "iteration": accelerator.project_configuration.iteration + 1},
+        "models": kept, "model_keys": model_keys, "optimizers": optimizers,
+        "schedulers": [encode(s.state_dict(), sink(f"scheduler_{i}"), f"scheduler_{i}", pickled)
+                       for i, s in enumerate(accelerator._schedulers)],
+        "scaler": encode(scaler_state) if scaler_state else None,
+        "dataloaders": [encode(loader_record(loader)) for loader in accelerator._dataloaders],
+        "custom_objects": custom})
+    return flat, summary
+
+
+def _describe_own_files(group: Group, folder: Path, metadata: Any) -> dict[str, dict[str, Any]]:
+    """Size and checksum of the files this rank wrote (rank 0 also DCP's metadata and state.json)."""
+    data_files = sorted({info.relative_path for info in metadata.storage_data.values()})
+    names = [name for name in data_files if name.startswith(f"__{group.rank}_")] + [rank_file(group.rank)]
+    if group.rank == 0:
+        names += [DCP_METADATA, STATE_FILE]
+    return {name: describe(folder, name, group.rank) for name in names}
+
+
+def _finish(accelerator: Any, group: Group, temporary: Path, target: Path, token: str,
+            everything: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """On rank 0: write the manifest, rename the folder into place, apply ``total_limit``."""
+    files: dict[str, Any] = {}
+    for part in everything:
+        files.update(part)
+    for path in sorted(temporary.rglob("*")):  # what save hooks wrote
+        name = path.relative_to(temporary).as_posix()
+        if path.is_file() and name not in files:
+            files[name] = {**describe(temporary, name, 0), "rank": None}
+    write_json(temporary / MANIFEST, manifest_data(files, group.size, summary))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    naming.publish(temporary, target, token)
+    project = accelerator.project_configuration
+    if project.automatic_checkpoint_naming:
+        naming.prune(target.parent, project.total_limit, keep=target)
+
+
+def _replicate(accelerator: Any, group: Group, temporary: Path | None, target: Path, token: str) -> None:
+    """``save_on_each_node`` on machines that do not share the folder: rank 0 sends its global files to
+    every machine's first process, which publishes that machine's copy (``temporary`` is ``None`` on the
+    other ranks). A collective: every rank calls it."""
+    names = [DCP_METADATA, STATE_FILE, MANIFEST]
+    payload = group.broadcast({name: (target / name).read_bytes() for name in names} if group.rank == 0 else None)
+    error = None
+    if temporary is not None:
+        try:
+            for name, data in payload.items():
+                with open(temporary / name, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            naming.publish(temporary, target, token)
+            project = accelerator.project_configuration
+            if project.automatic_checkpoint_naming:
+                naming.prune(target.parent, project.total_limit, keep=target)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank
+            error = exc
+    group.check(error, f"save_state({str(target)!r}) could not publish a machine's copy")

@@ -1,0 +1,130 @@
+"""The ``overdrive`` command: ``launch``, ``config``, ``env`` and ``test``, with Accelerate's flags.
+
+    overdrive config default            # write a config file for this machine, no questions
+    overdrive launch --num_processes 2 train.py --lr 1e-3
+    overdrive env                       # what to paste into a bug report
+    overdrive test                      # can this machine train?
+    overdrive plot RUN_DIR              # a run's metrics as a PNG and a table
+
+Usage errors (a bad flag, value or config file) print what was wrong, where it came from and the valid
+choices, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Sequence
+
+USAGE_ERROR = 2
+
+# subcommand -> module with add_parser(subparsers) and run(args) -> int
+_COMMANDS = {
+    "launch": "overdrive.cli.launch",
+    "config": "overdrive.cli.config_cmd",
+    "env": "overdrive.cli.env_cmd",
+    "test": "overdrive.cli.test_cmd",
+}
+
+
+# subcommands that parse their own arguments: name -> (module, function taking the arguments after the name)
+_SELF_PARSING = {"plot": ("overdrive.cli.plot", "plot_main")}
+
+
+class UsageError(Exception):
+    """A problem with what the user typed or configured; printed without a traceback, exit status 2."""
+
+    def __init__(self, problems: str | list[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with exit status 2 messages that suggest the nearest flag for a mistyped one."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if "unrecognized arguments:" in message:
+            known = _flags(self)
+            words = message.split("unrecognized arguments:", 1)[1].split()
+            hints = []
+            for word in words:
+                flag = word.split("=", 1)[0]
+                if not flag.startswith("-"):
+                    continue  # the value of a mistyped flag, or a stray word
+                match = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+                hints.append(f"{flag!r} is not a flag of '{self.prog}'" + (f" (did you mean {match[0]}?)" if match else ""))
+            if not hints:
+                hints = [f"unexpected arguments {' '.join(words)!r}"]
+            message = "; ".join(hints) + f". See '{self.prog} --help' for the flags."
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    """Every flag of ``parser`` and of its subcommands."""
+    flags = []
+    for action in parser._actions:
+        flags += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags += _flags(sub)
+    return flags
+
+
+def add_flag(group: argparse._ActionsContainer, name: str, *aliases: str, **kwargs: object) -> None:
+    """A flag under Accelerate's name, also spelled with dashes: ``--num_processes`` and ``--num-processes``."""
+    spellings = [f"--{name}"]
+    if "_" in name:
+        spellings.append(f"--{name.replace('_', '-')}")
+    group.add_argument(*spellings, *aliases, dest=name, **kwargs)  # type: ignore[arg-type]
+
+
+def build_parser() -> tuple[Parser, dict[str, Parser]]:
+    """The ``overdrive`` parser and each subcommand's own parser."""
+    import importlib
+
+    parser = Parser(prog="overdrive", description="Launch and configure overdrive training runs.",
+                    allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,plot}", parser_class=Parser)
+    for module in _COMMANDS.values():
+        importlib.import_module(module).add_parser(sub)
+    sub.add_parser("plot", help="plot a run's metrics.jsonl (overdrive plot --help)", add_help=False)
+    return parser, dict(sub.choices)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``overdrive <command> ...``; return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _SELF_PARSING:
+        import importlib
+
+        module, function = _SELF_PARSING[argv[0]]
+        return int(getattr(importlib.import_module(module), function)(argv[1:]) or 0)
+    parser, commands = build_parser()
+    if not argv or argv[0] not in _COMMANDS:
+        if argv and argv[0] in ("-h", "--help"):
+            parser.print_help()
+            return 0
+        names = [*_COMMANDS, *_SELF_PARSING]
+        match = difflib.get_close_matches(argv[0], names, n=1) if argv else []
+        hint = f" (did you mean {match[0]!r}?)" if match else ""
+        what = f"unknown command {argv[0]!r}{hint}" if argv else "no command given"
+        print(f"overdrive: error: {what}; choose from {', '.join(names)} (overdrive --help)", file=sys.stderr)
+        return USAGE_ERROR
+    # The subcommand's own parser reads the rest, so its errors name it and its flags.
+    args = commands[argv[0]].parse_args(argv[1:])
+    args.command = argv[0]
+    try:
+        return int(args.run(args) or 0)
+    except UsageError as err:
+        prog = f"overdrive {args.command}"
+        if len(err.problems) == 1:
+            print(f"{prog}: error: {err.problems[0]}", file=sys.stderr)
+        else:
+            print(f"{prog}: error: {len(err.problems)} problems:\n  - " + "\n  - ".join(err.problems),
+                  file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print(f"\noverdrive {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,189 @@
+"""``overdrive config``: write the launch config file (Accelerate's keys) by questions or defaults.
+
+    overdrive config                    # questions in the terminal (Enter keeps the [default])
+    overdrive config default            # no questions: this machine, all its devices
+    overdrive config update             # rewrite an existing file with today's keys
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from overdrive import config_file as cf
+from overdrive.cli import UsageError, add_flag
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser("config", help="write the config file 'overdrive launch' reads",
+                            description="Answer a few questions and write the config file that 'overdrive launch' "
+                                        f"reads (default: {cf.default_config_path()}).", allow_abbrev=False)
+    add_flag(parser, "config_file", metavar="PATH", help="where to write (default: the default config file)")
+    parser.set_defaults(run=run_questions)
+    actions = parser.add_subparsers(dest="action", metavar="{default,update}")
+    default = actions.add_parser("default", help="write a config for this machine without asking anything",
+                                 allow_abbrev=False)
+    add_flag(default, "config_file", metavar="PATH", help="where to write (default: the default config file)")
+    add_flag(default, "mixed_precision", metavar="{" + ",".join(cf.MIXED_PRECISION) + "}", default="no")
+    add_flag(default, "num_processes", metavar="N", help="processes (default: one per GPU, or 1)")
+    add_flag(default, "cpu", action="store_true", help="train on the CPU even if there is a GPU")
+    add_flag(default, "force", action="store_true", help="overwrite an existing file")
+    default.set_defaults(run=run_default)
+    update = actions.add_parser("update", help="rewrite an existing config file with the current keys",
+                                allow_abbrev=False)
+    add_flag(update, "config_file", metavar="PATH", help="the file to update (default: the default config file)")
+    update.set_defaults(run=run_update)
+
+
+def _device() -> tuple[str, int]:
+    import torch
+
+    if not torch.accelerator.is_available():
+        return "cpu", 0
+    accelerator = torch.accelerator.current_accelerator()
+    return (accelerator.type if accelerator else "cpu"), torch.accelerator.device_count()
+
+
+def _target(args: argparse.Namespace) -> Path:
+    return Path(args.config_file).expanduser() if getattr(args, "config_file", None) else cf.default_config_path()
+
+
+def run_default(args: argparse.Namespace) -> int:
+    path = _target(args)
+    if path.exists() and not args.force:
+        print(f"overdrive config: {path} exists already and was left as it is; pass --force to overwrite it "
+              "or --config_file to write elsewhere", file=sys.stderr)
+        return 0
+    problems: list[str] = []
+    precision, problem = cf._choice(cf.MIXED_PRECISION)("--mixed_precision", args.mixed_precision)
+    problems += [problem] if problem else []
+    num_processes = None
+    if args.num_processes is not None:
+        num_processes, problem = cf._int(minimum=1)("--num_processes", args.num_processes)
+        problems += [problem] if problem else []
+    if problems:
+        raise UsageError(problems)
+    device_type, count = _device()
+    config = cf.basic_config(precision, num_processes=num_processes, cpu=True if args.cpu else None,
+                             device_count=count, device_type=device_type)
+    cf.save_config(config, path)
+    print(f"overdrive config: saved at {path}")
+    return 0
+
+
+def run_update(args: argparse.Namespace) -> int:
+    path = _target(args)
+    if not path.is_file():
+        raise UsageError(f"there is no config file at {path} to update; run 'overdrive config' to write one")
+    try:
+        config = cf.load_config(path)
+    except cf.ConfigError as err:
+        raise UsageError(str(err)) from None
+    cf.save_config(cf.updated_config(config), path)
+    print(f"overdrive config: updated {path}")
+    return 0
+
+
+# -- the questionnaire -----------------------------------------------------------------------------------
+class Asker:
+    """Ask on the terminal (or read answers from a pipe); Enter keeps the default; a bad answer is asked again."""
+
+    def __init__(self, tries: int = 3) -> None:
+        self.tries = tries
+        self.closed = False
+
+    def ask(self, question: str, default: Any, parse: Callable[[str], tuple[Any, str | None]]) -> Any:
+        for _ in range(self.tries):
+            if self.closed:
+                return default
+            try:
+                answer = input(f"{question} [{_show(default)}]: ").strip()
+            except EOFError:
+                self.closed = True  # no more answers: the defaults stand for the rest
+                print()
+                return default
+            if not answer:
+                return default
+            value, problem = parse(answer)
+            if problem is None:
+                return value
+            print(f"  {problem}")
+        raise UsageError(f"no valid answer to {question!r} after {self.tries} tries")
+
+    def choose(self, question: str, choices: list[str], default: str) -> str:
+        def parse(answer: str) -> tuple[Any, str | None]:
+            if answer.isdigit() and 0 <= int(answer) < len(choices):
+                return choices[int(answer)], None
+            if answer in choices:
+                return answer, None
+            return answer, f"{answer!r} is not one of {', '.join(choices)}{cf.nearest(answer, choices)}"
+        if not self.closed:
+            print(question)
+            for index, choice in enumerate(choices):
+                print(f"  {index}) {choice}")
+        return str(self.ask("  number or name", default, parse))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "" if value is None else str(value)
+
+
+def _yes_no(answer: str) -> tuple[Any, str | None]:
+    answer = {"y": "yes", "n": "no"}.get(answer.lower(), answer)
+    value, problem = cf._bool("answer", answer)
+    return (value, None) if problem is None else (answer, f"{answer!r}: answer yes or no")
+
+
+def _int_at_least(minimum: int) -> Callable[[str], tuple[Any, str | None]]:
+    return lambda answer: cf._int(minimum=minimum)("answer", answer)
+
+
+def questionnaire(asker: Asker, device_type: str, device_count: int) -> dict[str, Any]:
+    """The answers as a config mapping (Accelerate's keys)."""
+    gpu_kind = ("multi-GPU" if device_type == "cuda" else f"multi-{device_type.upper()}") if device_count else None
+    kinds = ["no distributed training", "multi-CPU"] + ([gpu_kind] if gpu_kind else [])
+    kind = asker.choose("Which kind of training?", kinds, kinds[2] if device_count > 1 else kinds[0])
+    config = cf.basic_config(device_count=device_count, device_type=device_type, cpu=kind != gpu_kind)
+    config.pop("gpu_ids", None)
+    if kind == "no distributed training":
+        config.update(distributed_type="NO", num_processes=1)
+        config["use_cpu"] = device_count == 0 or bool(asker.ask("Train on the CPU only?", False, _yes_no))
+    else:
+        config["distributed_type"] = "MULTI_CPU" if kind == "multi-CPU" else (
+            "MULTI_GPU" if device_type == "cuda" else f"MULTI_{device_type.upper()}")
+        machines = asker.ask("How many machines will take part?", 1, _int_at_least(1))
+        config["num_machines"] = machines
+        if machines > 1:
+            config["machine_rank"] = asker.ask("What is the rank of this machine (0 for the main one)?", 0,
+                                               _int_at_least(0))
+            config["main_process_ip"] = asker.ask("What is the IP address of the machine of rank 0?", None,
+                                                  lambda a: (a, None))
+            config["main_process_port"] = asker.ask("Which port on it?", 29500, _int_at_least(1))
+            config["same_network"] = asker.ask("Are all the machines on the same local network?", True, _yes_no)
+            config["rdzv_backend"] = asker.choose("Which rendezvous backend?", list(cf.RDZV_BACKENDS[:2]), "static")
+        per_machine = device_count if kind == gpu_kind else 2
+        config["num_processes"] = asker.ask(f"How many processes in all (over {machines} machine(s))?",
+                                            per_machine * machines, _int_at_least(1))
+        if kind == gpu_kind:
+            config["gpu_ids"] = asker.ask("Which devices (by id) should be used?", "all",
+                                          lambda a: cf._gpu_ids("answer", a))
+    if asker.ask("Compile the model with torch.compile (dynamo)?", False, _yes_no):
+        backend = asker.choose("Which dynamo backend?", ["inductor", "eager", "aot_eager", "cudagraphs"], "inductor")
+        config["dynamo_config"] = {"dynamo_backend": backend.upper()}
+    config["mixed_precision"] = asker.choose("Mixed precision?", list(cf.MIXED_PRECISION), "no")
+    return config
+
+
+def run_questions(args: argparse.Namespace) -> int:
+    path = _target(args)
+    device_type, count = _device()
+    print(f"overdrive config: a few questions for {path} (Enter keeps the [default])")
+    config = questionnaire(Asker(), device_type, count)
+    cf.save_config(config, path)
+    print(f"overdrive config: saved at {path}; 'overdrive launch script.py' will use it")
+    return 0

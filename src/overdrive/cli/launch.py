@@ -1,0 +1,273 @@
+"""``overdrive launch``: Accelerate's launch flags, a config file and defaults -> one plan -> torchrun.
+
+A flag beats the config file, which beats the default. Every problem is reported at once, each naming
+the value, where it came from (the flag or the file and key) and the valid choices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from overdrive import config_file as cf
+from overdrive.cli import Parser, UsageError, add_flag
+from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, launch_script
+
+# launch setting -> config file key (None: a flag only)
+CONFIG_KEYS: dict[str, str | None] = {
+    "num_processes": "num_processes", "num_machines": "num_machines", "machine_rank": "machine_rank",
+    "main_process_ip": "main_process_ip", "main_process_port": "main_process_port",
+    "rdzv_backend": "rdzv_backend", "rdzv_conf": "rdzv_conf", "same_network": "same_network",
+    "max_restarts": "max_restarts", "monitor_interval": None, "gpu_ids": "gpu_ids",
+    "mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "num_cpu_threads_per_process": "num_cpu_threads_per_process", "debug": "debug",
+}
+
+# config keys handed to the workers as they are, when the file has them
+PASSTHROUGH_KEYS = ("distributed_type", "downcast_bf16", "enable_cpu_affinity", "dynamo_config", "fsdp_config",
+                    "deepspeed_config", "megatron_lm_config", "fp8_config", "parallelism_config", "ipex_config",
+                    "main_training_function")
+
+DEVICE_VARIABLES = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK", "npu": "ASCEND_RT_VISIBLE_DEVICES",
+                    "mlu": "MLU_VISIBLE_DEVICES", "musa": "MUSA_VISIBLE_DEVICES", "hpu": "HABANA_VISIBLE_MODULES"}
+
+
+def add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    """Accelerate's launch flags (both spellings); every default is None so a given flag can be told apart."""
+    add_flag(parser, "config_file", metavar="PATH",
+             help="config file to read (default: $OVERDRIVE_CONFIG_FILE or the one 'overdrive config' wrote)")
+    add_flag(parser, "quiet", "-q", action="store_true", default=None,
+             help="print only the workers' output and failures, no launcher lines")
+    add_flag(parser, "debug", action="store_true", default=None,
+             help="show torchrun's own log and command, and check collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+    add_flag(parser, "module", "-m", action="store_true", default=False,
+             help="run the target as a module, like 'python -m'")
+    add_flag(parser, "no_python", action="store_true", default=False,
+             help="run the target as a program, without 'python' in front")
+    hw = parser.add_argument_group("hardware")
+    add_flag(hw, "cpu", action="store_true", default=None, help="train on the CPU even if there is a GPU")
+    add_flag(hw, "multi_gpu", action="store_true", default=None,
+             help="one process per GPU (on a machine without GPUs: CPU processes)")
+    add_flag(hw, "gpu_ids", metavar="IDS", help="the GPUs of this machine to use, e.g. '0,1' (default: all)")
+    res = parser.add_argument_group("resources")
+    add_flag(res, "num_processes", metavar="N", help="processes in all, over every machine")
+    add_flag(res, "num_machines", metavar="N", help="machines taking part (default 1)")
+    add_flag(res, "num_cpu_threads_per_process", metavar="N",
+             help="OMP_NUM_THREADS of each worker (default: this machine's cores / its processes)")
+    add_flag(res, "mixed_precision", metavar="{" + ",".join(cf.MIXED_PRECISION) + "}")
+    add_flag(res, "gradient_accumulation_steps", metavar="N")
+    add_flag(res, "dynamo_backend", metavar="BACKEND", help="torch.compile backend: no, inductor, eager, ...")
+    dist = parser.add_argument_group("several machines and restarts")
+    add_flag(dist, "machine_rank", metavar="RANK", help="this machine's rank, 0 for the main one")
+    add_flag(dist, "main_process_ip", metavar="ADDR", help="address of the machine of rank 0")
+    add_flag(dist, "main_process_port", metavar="PORT", help="port on the machine of rank 0 (default 29500)")
+    add_flag(dist, "same_network", action="store_true", default=None, help="all machines share a local network")
+    add_flag(dist, "rdzv_backend", metavar="{" + ",".join(cf.RDZV_BACKENDS) + "}",
+             help="torchrun rendezvous: static (default) or c10d")
+    add_flag(dist, "rdzv_conf", metavar="K=V,...", help="extra rendezvous settings for torchrun")
+    add_flag(dist, "max_restarts", metavar="N", help="restart the whole group up to N times when a process fails")
+    add_flag(dist, "monitor_interval", metavar="SECONDS", help="how often the workers are checked (default 0.1)")
+    add_flag(dist, "log_dir", metavar="DIR", help="keep each worker's logs here (default: a temporary directory)")
+    add_flag(dist, "tee", "-t", metavar="STREAMS",
+             help="torchrun's --tee: 1 stdout, 2 stderr, 3 both, to log files and the console with a prefix")
+    add_flag(dist, "role", metavar="NAME", default="default", help="torchrun's worker role name")
+
+
+def add_parser(sub: Any) -> None:
+    parser: Parser = sub.add_parser(
+        "launch", help="start a training script on several processes or machines",
+        description="Start a script on N processes (and machines) through torchrun, with the settings of the "
+                    "flags, the config file and the defaults, in that order. Flags take '_' or '-'.",
+        allow_abbrev=False)
+    add_launch_flags(parser)
+    parser.add_argument("training_script", help="the script (or module with -m, program with --no_python)")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
+    parser.set_defaults(run=run)
+
+
+@dataclass(frozen=True)
+class Value:
+    value: Any
+    source: str
+
+
+def _given(args: argparse.Namespace, name: str) -> Any:
+    return getattr(args, name, None)
+
+
+def _check(checker: cf.Checker, label: str, raw: Any, problems: list[str]) -> Any:
+    value, problem = checker(label, raw)
+    if problem:
+        problems.append(problem)
+    return value
+
+
+def read_config(args: argparse.Namespace) -> tuple[dict[str, Any], cf.ConfigSource]:
+    source = cf.find_config(_given(args, "config_file"))
+    if source.path is None:
+        return {}, source
+    try:
+        return cf.load_config(source.path), source
+    except cf.ConfigError as err:
+        if source.reason == "--config_file" and err.problems == ["the file does not exist"]:
+            raise UsageError(f"--config_file {source.path}: the file does not exist") from None
+        raise UsageError([str(err)]) from None
+
+
+def _device() -> tuple[str | None, int]:
+    import torch
+
+    if not torch.accelerator.is_available():
+        return None, 0
+    accelerator = torch.accelerator.current_accelerator()
+    return (accelerator.type if accelerator else None), torch.accelerator.device_count()
+
+
+def resolve(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
+    """The plan for ``args`` (flags > config file > defaults), what each worker runs, and the one line
+    that says what will run. Raises ``UsageError`` listing every problem."""
+    config, source = read_config(args)
+    problems: list[str] = []
+
+    def pick(name: str, checker: cf.Checker, default: Any) -> Value:
+        flag = _given(args, name)
+        if flag is not None:
+            return Value(_check(checker, f"--{name}", flag, problems), f"--{name}")
+        key = CONFIG_KEYS.get(name)
+        if key and key in config and config[key] is not None and not (key == "num_processes" and config[key] == -1):
+            return Value(config[key], f"{source.path} ({key})")
+        return Value(default, "default")
+
+    device_type, device_count = _device()
+    forced_cpu = bool(_given(args, "cpu")) or (
+        not _given(args, "multi_gpu") and (config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
+    cpu = forced_cpu or device_type is None
+    num_processes = pick("num_processes", cf._int(minimum=1), device_count if not cpu and device_count else 1)
+    num_machines = pick("num_machines", cf._int(minimum=1), 1)
+    machine_rank = pick("machine_rank", cf._int(minimum=0), 0)
+    ip = pick("main_process_ip", cf._text, None)
+    port = pick("main_process_port", cf._int(minimum=1), None)
+    rdzv = pick("rdzv_backend", cf._choice(cf.RDZV_BACKENDS), "static")
+    rdzv_conf = pick("rdzv_conf", cf._text, "")
+    same_network = pick("same_network", cf._bool, False)
+    restarts = pick("max_restarts", cf._int(minimum=0), 0)
+    interval = pick("monitor_interval", cf._float, 0.1)
+    gpu_ids = pick("gpu_ids", cf._gpu_ids, "all")
+    precision = pick("mixed_precision", cf._choice(cf.MIXED_PRECISION), "no")
+    accumulation = pick("gradient_accumulation_steps", cf._int(minimum=1), 1)
+    threads = pick("num_cpu_threads_per_process", cf._int(minimum=1), None)
+    debug = pick("debug", cf._bool, False)
+    dynamo = _dynamo_backend(args, config, source, problems)
+
+    if not problems:
+        _check_together(num_processes, num_machines, machine_rank, ip, port, interval, problems)
+    command = _command(args, problems)
+    if problems:
+        raise UsageError(problems)
+
+    local = num_processes.value // num_machines.value
+    visible = {}
+    if not cpu and gpu_ids.value != "all" and device_type in DEVICE_VARIABLES:
+        visible[DEVICE_VARIABLES[device_type]] = gpu_ids.value
+    worker_config = {key: config[key] for key in PASSTHROUGH_KEYS if key in config}
+    worker_config.update(
+        cpu=cpu, mixed_precision=precision.value, gradient_accumulation_steps=accumulation.value,
+        dynamo_backend=dynamo, debug=debug.value, num_processes=num_processes.value,
+        num_machines=num_machines.value, machine_rank=machine_rank.value, main_process_ip=ip.value,
+        main_process_port=port.value, rdzv_backend=rdzv.value, same_network=same_network.value,
+        gpu_ids=gpu_ids.value, num_cpu_threads_per_process=threads.value or _inherited_threads() or default_threads(local),
+        config_file=str(source.path) if source.path else None,
+    )
+    plan = LaunchPlan(
+        num_processes=num_processes.value, num_machines=num_machines.value, machine_rank=machine_rank.value,
+        main_process_ip=ip.value, main_process_port=port.value, rdzv_backend=rdzv.value,
+        rdzv_conf=rdzv_conf.value or "", max_restarts=restarts.value, monitor_interval=interval.value,
+        num_cpu_threads_per_process=threads.value, visible_devices=visible, worker_config=worker_config,
+        log_dir=_given(args, "log_dir"), tee=_given(args, "tee"), role=_given(args, "role") or "default",
+        debug=bool(debug.value), quiet=bool(_given(args, "quiet")),
+    )
+    if device_type is None:
+        cpu_reason = " (no GPU found)"
+    elif _given(args, "cpu"):
+        cpu_reason = " (--cpu)"
+    else:
+        cpu_reason = " (the config file asks for the CPU)" if forced_cpu else ""
+    return plan, command, _summary(plan, cpu, cpu_reason, device_type, source)
+
+
+def _inherited_threads() -> int | None:
+    """OMP_NUM_THREADS of this shell, which the workers keep when no thread count is asked for."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _dynamo_backend(args: argparse.Namespace, config: dict[str, Any], source: cf.ConfigSource,
+                    problems: list[str]) -> str:
+    flag = _given(args, "dynamo_backend")
+    if flag is not None:
+        return str(_check(cf._choice(cf.DYNAMO_BACKENDS), "--dynamo_backend", flag, problems))
+    backend = (config.get("dynamo_config") or {}).get("dynamo_backend")
+    return str(backend).lower() if backend else "no"
+
+
+def _check_together(num_processes: Value, num_machines: Value, machine_rank: Value, ip: Value, port: Value,
+                    interval: Value, problems: list[str]) -> None:
+    if num_processes.value % num_machines.value:
+        problems.append(
+            f"num_processes {num_processes.value} (from {num_processes.source}) is the number of processes over all "
+            f"machines and must divide evenly among num_machines {num_machines.value} (from {num_machines.source}); "
+            f"for {num_machines.value} machines try {num_machines.value * max(num_processes.value // num_machines.value, 1)}")
+    if machine_rank.value >= num_machines.value:
+        problems.append(f"machine_rank {machine_rank.value} (from {machine_rank.source}) must be below num_machines "
+                        f"{num_machines.value} (from {num_machines.source}): ranks run 0..{num_machines.value - 1}")
+    if num_machines.value > 1 and not ip.value:
+        problems.append(f"num_machines {num_machines.value} (from {num_machines.source}) needs --main_process_ip, the "
+                        "address of the machine of rank 0, on every machine")
+    if port.value is not None and not 0 < port.value < 65536:
+        problems.append(f"main_process_port {port.value} (from {port.source}) is not a port; give 1-65535")
+    if not interval.value > 0:
+        problems.append(f"monitor_interval {interval.value} (from {interval.source}) must be more than 0 seconds")
+
+
+def _command(args: argparse.Namespace, problems: list[str]) -> Command:
+    target = args.training_script
+    command = Command(target=target, args=tuple(args.training_script_args), module=bool(args.module),
+                      no_python=bool(args.no_python))
+    if command.module and command.no_python:
+        problems.append("-m/--module and --no_python cannot be used together: a module needs python")
+    elif command.no_python:
+        if shutil.which(target) is None:
+            problems.append(f"program {target!r} (--no_python) was not found on PATH or is not executable")
+    elif not command.module:
+        path = Path(target)
+        if not path.is_file():
+            where = f" (looked in {os.getcwd()})" if not path.is_absolute() else ""
+            names = [p.name for p in path.parent.iterdir() if p.suffix == ".py"] if path.parent.is_dir() else []
+            problems.append(f"training script {target!r} does not exist{where}{cf.nearest(path.name, names, 0.8)}")
+    return command
+
+
+def _summary(plan: LaunchPlan, cpu: bool, cpu_reason: str, device_type: str | None,
+             source: cf.ConfigSource) -> str:
+    local = plan.processes_per_machine
+    noun = "process" if local == 1 else "processes"
+    what = f"{local} CPU {noun} on gloo{cpu_reason}" if cpu else f"{local} {noun} on {device_type}"
+    line = f"overdrive launch: starting {what}"
+    if plan.num_machines > 1:
+        line += (f" on machine {plan.machine_rank} of {plan.num_machines}, {plan.num_processes} in all, meeting at "
+                 f"{plan.main_process_ip}:{plan.main_process_port or 29500} ({plan.rdzv_backend} rendezvous)")
+    if source.path:
+        line += f"; config: {source.path}"
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    plan, command, summary = resolve(args)
+    if not plan.quiet:
+        print(summary, file=sys.stderr, flush=True)
+    return launch_script(plan, command)

@@ -1,0 +1,345 @@
+"""Start a script on N machines x M processes through torchrun's own machinery, in this process.
+
+``launch_script`` turns a ``LaunchPlan`` into torchrun's command line, parses it with torchrun's own
+parser (``torch.distributed.run.get_args_parser``) and runs it with ``torch.distributed.run.run``: the
+elastic agent starts, watches and restarts the workers; nothing here manages processes. The resolved
+settings reach every worker as one JSON value in ``OVERDRIVE_LAUNCH_CONFIG``.
+
+Each worker's stderr goes to a file in the run's log directory (torchrun's ``--redirects 2``) and is
+copied to this process's stderr as it is written, so that when a rank fails the launcher can show the
+end of its traceback next to its rank and exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"  # the same name as overdrive.resolve.LAUNCH_CONFIG_VAR
+
+
+class LaunchError(RuntimeError):
+    """Processes started by a launcher failed; ``exit_code`` is what the launching command returns."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything ``overdrive launch`` decided: how many processes where, and what the workers are told."""
+
+    num_processes: int  # in all, over every machine (Accelerate's meaning)
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    rdzv_backend: str = "static"
+    rdzv_conf: str = ""
+    rdzv_id: str = "none"
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    num_cpu_threads_per_process: int | None = None
+    visible_devices: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_VISIBLE_DEVICES for gpu_ids
+    worker_config: dict[str, Any] = field(default_factory=dict)
+    log_dir: str | None = None
+    tee: str | None = None
+    role: str = "default"
+    debug: bool = False
+    quiet: bool = False
+
+    @property
+    def processes_per_machine(self) -> int:
+        return self.num_processes // self.num_machines
+
+
+@dataclass(frozen=True)
+class Command:
+    """What each worker runs: a script (or ``-m`` module, or a program with ``--no_python``) and its args."""
+
+    target: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+
+
+def default_threads(local_processes: int) -> int:
+    """CPU threads per process when none are asked for: this machine's cores shared out, at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(cores // max(local_processes, 1), 1)
+
+
+def torchrun_argv(plan: LaunchPlan, command: Command, log_dir: str) -> list[str]:
+    """torchrun's command line for ``plan`` (what ``torchrun ...`` would be given)."""
+    argv = [f"--nnodes={plan.num_machines}", f"--nproc-per-node={plan.processes_per_machine}",
+            f"--max-restarts={plan.max_restarts}", f"--monitor-interval={plan.monitor_interval}",
+            f"--role={plan.role}", f"--log-dir={log_dir}"]
+    if plan.num_machines > 1 or plan.main_process_port:
+        addr, port = plan.main_process_ip or "127.0.0.1", plan.main_process_port or 29500
+        if plan.rdzv_backend == "static":
+            argv += [f"--master-addr={addr}", f"--master-port={port}", f"--node-rank={plan.machine_rank}"]
+        else:
+            argv += [f"--rdzv-backend={plan.rdzv_backend}", f"--rdzv-endpoint={addr}:{port}", f"--rdzv-id={plan.rdzv_id}"]
+    # (one machine and no port: torchrun itself picks a free port for a c10d store on localhost)
+    if plan.rdzv_conf:
+        argv.append(f"--rdzv-conf={plan.rdzv_conf}")
+    if plan.tee:
+        argv.append(f"--tee={plan.tee}")
+    else:
+        argv.append("--redirects=2")  # stderr to a file, which StderrCopier shows as it is written
+    if command.module:
+        argv.append("--module")
+    if command.no_python:
+        argv.append("--no-python")
+    return argv + [command.target, *command.args]
+
+
+@contextmanager
+def patched_environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (or with None, remove) environment variables for the block; the workers inherit them."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
+    """The variables every worker gets besides torchrun's own: the config JSON, threads, devices."""
+    local = plan.processes_per_machine
+    threads = plan.num_cpu_threads_per_process
+    env: dict[str, str | None] = {LAUNCH_CONFIG_VAR: json.dumps(plan.worker_config, sort_keys=True)}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(default_threads(local))
+    if plan.debug:
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    env.update(plan.visible_devices)
+    return env
+
+
+@contextmanager
+def quiet_torchelastic(debug: bool) -> Iterator[None]:
+    """torchelastic logs every start, every SIGTERM it sends and every failure in a long block; the
+    launchers report failures themselves, so only ``debug`` shows those lines (levels restored after)."""
+    names = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher",
+             "torch.multiprocessing")
+    saved = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.INFO if debug else logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def launch_script(plan: LaunchPlan, command: Command) -> int:
+    """Run ``command`` as ``plan`` says; return the exit code (0, or the first failed rank's)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    # A directory of this run's own, also inside --log_dir, so that no earlier run's logs are shown or reported.
+    if plan.log_dir:
+        os.makedirs(plan.log_dir, exist_ok=True)
+    log_dir = tempfile.mkdtemp(prefix="overdrive-launch-", dir=plan.log_dir)
+    argv = torchrun_argv(plan, command, log_dir)
+    if plan.debug:
+        print("overdrive launch: torchrun " + " ".join(argv), file=sys.stderr, flush=True)
+    args = torchrun.get_args_parser().parse_args(argv)
+    copier = StderrCopier(log_dir) if not plan.tee else None
+    try:
+        with patched_environ(worker_environ(plan)), quiet_torchelastic(plan.debug):
+            if copier:
+                copier.start()
+            torchrun.run(args)
+        return 0
+    except ChildFailedError as err:
+        _stop(copier)  # the workers' last stderr lines first, then the report
+        report, code = describe_failures(err.failures, log_dir, plan.max_restarts)
+        print(report, file=sys.stderr, flush=True)
+        return code
+    except SignalException as err:
+        _stop(copier)
+        print(f"overdrive launch: stopped by {signal.Signals(err.sigval).name}; the workers were stopped",
+              file=sys.stderr, flush=True)
+        return 128 + int(err.sigval)
+    except RendezvousError as err:
+        _stop(copier)
+        where = f"{plan.main_process_ip}:{plan.main_process_port or 29500}"
+        print(f"overdrive launch: the machines did not meet at {where} ({type(err).__name__}: {err}); "
+              f"check --main_process_ip, --main_process_port and that all {plan.num_machines} machines started",
+              file=sys.stderr, flush=True)
+        return 1
+    except (RuntimeError, OSError, ValueError) as err:
+        _stop(copier)
+        if plan.debug:
+            raise
+        # e.g. DistNetworkError: the port is taken, or the main machine cannot be reached
+        port = f" (main_process_port {plan.main_process_port})" if plan.main_process_port else ""
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"overdrive launch: torchrun could not start the processes{port}: {type(err).__name__}: {first} "
+              "(--debug shows the whole traceback)", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        _stop(copier)
+        if not plan.log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _stop(copier: StderrCopier | None) -> None:
+    if copier is not None:
+        copier.stop()
+
+
+# -- worker stderr: shown as written, kept for the failure report -----------------------------------------
+class StderrCopier:
+    """Copy each worker's ``stderr.log`` (every attempt) to our stderr as it grows, bytes unchanged."""
+
+    def __init__(self, log_dir: str, interval: float = 0.05) -> None:
+        self._root = Path(log_dir)
+        self._interval = interval
+        self._offsets: dict[Path, int] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="overdrive-stderr", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if not self._done.is_set():
+            self._done.set()
+            self._thread.join(timeout=5)
+            self._copy()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self._interval):
+            self._copy()
+
+    def _copy(self) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        for path in sorted(self._root.glob("*/attempt_*/*/stderr.log")):
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            if data:
+                self._offsets[path] = offset + len(data)
+                if out is not None:
+                    sys.stderr.flush()
+                    out.write(data)
+                    out.flush()
+                else:
+                    sys.stderr.write(data.decode(errors="replace"))
+
+
+def _stderr_file(log_dir: str, local_rank: int) -> Path | None:
+    files = sorted(Path(log_dir).glob(f"*/attempt_*/{local_rank}/stderr.log"),
+                   key=lambda p: int(p.parent.parent.name.split("_")[-1]))
+    return files[-1] if files else None
+
+
+_TRACEBACK = re.compile(r"^(\[rank\d+\]:\s*)?Traceback \(most recent call last\)")
+
+
+def traceback_tail(text: str, max_lines: int = 12) -> list[str]:
+    """The last traceback in ``text`` (or its last lines when there is none), at most ``max_lines``."""
+    lines = [line for line in text.rstrip().splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if _TRACEBACK.match(line)]
+    tail = lines[starts[-1]:] if starts else lines
+    if len(tail) > max_lines:
+        tail = ["..."] + tail[-(max_lines - 1):]
+    return tail
+
+
+def _failure_text(failure: Any, log_dir: str) -> tuple[str, str]:
+    """(what, text): the traceback from the rank's error file (torch's ``@record``), else its stderr."""
+    data = getattr(failure, "error_file_data", None) or {}
+    message = data.get("message")
+    if isinstance(message, dict):
+        trace = message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
+        return "traceback", str(trace)
+    path = _stderr_file(log_dir, failure.local_rank)
+    return "stderr", path.read_text(errors="replace") if path else ""
+
+
+def _failure_time(failure: Any, log_dir: str) -> float:
+    # Without an error file torchelastic stamps every failure with the time it noticed; the stderr file's
+    # last write is when that rank actually died, which tells the first failure from its consequences.
+    if getattr(failure, "error_file", "<N/A>") not in ("<N/A>", "") and os.path.isfile(failure.error_file):
+        return float(failure.timestamp)
+    path = _stderr_file(log_dir, failure.local_rank)
+    if path is not None and path.stat().st_size > 0:
+        return path.stat().st_mtime
+    return float(failure.timestamp)
+
+
+def describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"ended by signal {name} (exit code {exitcode})"
+    return f"exited with code {exitcode}"
+
+
+def describe_failures(failures: Mapping[int, Any], log_dir: str, max_restarts: int = 0) -> tuple[str, int]:
+    """A short report on failed ranks, first failure first, and the exit code for the command."""
+    # torchelastic lists the processes it stopped itself (SIGTERM) among the failures: they come last.
+    stopped = -int(signal.SIGTERM)
+    ordered = sorted(failures.items(),
+                     key=lambda item: (item[1].exitcode == stopped, _failure_time(item[1], log_dir), item[0]))
+    rank, first = ordered[0]
+    restarts = f" after {max_restarts} restart{'s' if max_restarts != 1 else ''}" if max_restarts else ""
+    lines = [f"overdrive launch: rank {rank} {describe_exit(first.exitcode)}{restarts}; "
+             "the other processes were stopped."]
+    what, text = _failure_text(first, log_dir)
+    tail = traceback_tail(text)
+    if tail:
+        lines.append(f"  last lines of rank {rank}'s {what}:")
+        lines += [f"    {line}" for line in tail]
+    elif first.exitcode < 0:
+        lines.append("  (a process killed by a signal leaves no traceback: look for the out-of-memory killer, "
+                     "a time limit or a kill command)")
+    for other, failure in ordered[1:]:
+        if failure.exitcode == stopped:
+            lines.append(f"  rank {other} was stopped (SIGTERM)")
+        else:
+            lines.append(f"  rank {other} also failed: it {describe_exit(failure.exitcode)}")
+    if 0 < first.exitcode < 256:
+        code = first.exitcode
+    else:  # the shell's convention for a death by signal
+        code = 128 - first.exitcode if first.exitcode < 0 else 1
+    return "\n".join(lines), code

@@ -1,0 +1,199 @@
+"""Sharded and model-parallel training: FSDP2 (``fully_shard``), HSDP, tensor and context parallel.
+
+The model is transformed in place by ``apply_parallelism`` over the job's mesh. ``fully_shard`` and
+tensor parallel replace parameters with DTensor parameters, so an optimizer built on the original
+parameters is pointed at the new ones (``prepare_optimizer``). Precision is FSDP2's
+``MixedPrecisionPolicy`` when parameters are sharded, and autocast hooks otherwise (tensor parallel only,
+or one process): this strategy does it, not the Accelerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from overdrive.config import DistributedType, FullyShardedDataParallelPlugin, TorchTensorParallelPlugin
+from overdrive.runtime.mesh import ParallelMesh
+from overdrive.transforms import ParallelismSettings, apply_parallelism
+
+
+class FSDP2Strategy:
+    name = "fsdp2"
+    #: wrap_model places the model, applies precision and compilation itself, in the transforms' order.
+    applies_transforms = True
+
+    def __init__(self, device: torch.device, mesh: ParallelMesh, precision: Any,
+                 fsdp: FullyShardedDataParallelPlugin | None = None, tp: TorchTensorParallelPlugin | None = None,
+                 dynamo_backend: str | None = None, **_: Any) -> None:
+        self.device = device
+        self.mesh = mesh
+        self.precision = precision  # the Accelerator's AmpPrecision: its policy, and autocast hooks
+        self.fsdp = fsdp or FullyShardedDataParallelPlugin()
+        tp = tp or TorchTensorParallelPlugin()
+        self.settings = ParallelismSettings(
+            tp_plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel,
+            activation_checkpointing=self.fsdp.activation_checkpointing, compile_backend=dynamo_backend,
+            fsdp=self.fsdp, precision=precision.policy)
+        # id(original parameter) -> (weak references to it and to the module that owns it, attribute name)
+        self._owners: dict[int, tuple[weakref.ref, weakref.ref, str]] = {}
+        self._hooks: list[Any] = []
+
+    @property
+    def distributed_type(self) -> DistributedType | None:
+        return DistributedType.FSDP if self.mesh.dims.shards_parameters else None
+
+    @property
+    def shards_parameters(self) -> bool:
+        return self.mesh.fsdp_mesh() is not None
+
+    # -- the model ---------------------------------------------------------------------------------
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        for module in model.modules():
+            for attribute, param in module.named_parameters(recurse=False):
+                self._owners[id(param)] = (weakref.ref(param), weakref.ref(module), attribute)
+        efficient = self.fsdp.cpu_ram_efficient_loading and self.shards_parameters
+        if efficient:
+            full, extra = _take_full_state(model)
+            model.to("meta")
+        else:
+            _refuse_meta(model, self.fsdp)
+            model.to(self.device)
+            if self.fsdp.sync_module_states and self.mesh.dims.world_size > 1:
+                from overdrive.transforms.data_parallel import broadcast_module_states
+
+                broadcast_module_states(model)
+        apply_parallelism(model, self.mesh, self.settings)
+        if efficient:
+            from overdrive.transforms.data_parallel import load_from_rank0
+
+            load_from_rank0(model, full, extra, self.device)
+        if not self.shards_parameters:
+            self._hooks += self.precision.attach(model)
+        return model
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return model  # every transform is in place
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
+        """Point ``optimizer`` at the sharded parameters that replaced the ones it was built with."""
+        for group in optimizer.param_groups:
+            group["params"] = [self._current(p, optimizer) for p in group["params"]]
+        return optimizer
+
+    def _current(self, param: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        entry = self._owners.get(id(param))
+        owner = entry[1]() if entry is not None and entry[0]() is param else None
+        if owner is None:
+            return param  # not from a prepared model, or already the sharded one
+        new = getattr(owner, entry[2])
+        if new is not param and optimizer.state.get(param):
+            raise ValueError("prepare() got an optimizer that has already stepped: its state belongs to the "
+                             "unsharded parameters; prepare the optimizer before its first step")
+        return new
+
+    # -- gradient synchronisation ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        with self._gradient_sync(model, False):
+            yield
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        with self._gradient_sync(model, True):
+            yield
+
+    @contextlib.contextmanager
+    def _gradient_sync(self, model: nn.Module, value: bool) -> Iterator[None]:
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(model, FSDPModule):
+            yield  # tensor parallel alone: every gradient is complete after backward
+            return
+        model.set_requires_gradient_sync(value)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(not value)
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float) -> torch.Tensor:
+        """Clip by the norm of every gradient, sharded or not, on whatever mesh it lives."""
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        groups = _by_mesh([p for p in parameters if p.grad is not None])
+        total = total_grad_norm([g for group in groups for g in _grads(group)], norm_type)
+        with implicit_replication():  # the plain total norm scales DTensor gradients as a replicated scalar
+            for group in groups:  # one mesh per call: torch's foreach cannot mix meshes
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total
+
+
+def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [p.grad for p in params if p.grad is not None]
+
+
+def _mesh_key(tensor: torch.Tensor) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return (tensor.device_mesh, tuple(tensor.placements)) if isinstance(tensor, DTensor) else None
+
+
+def _by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` grouped by (mesh, placements) of their gradients; plain tensors form one group."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(_mesh_key(tensor.grad if tensor.grad is not None else tensor), []).append(tensor)
+    return list(groups.values())
+
+
+def total_grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    """The norm of all ``grads`` together, as a plain tensor equal on every process.
+
+    DTensor gradients are grouped by mesh and placements (tensor-parallel ones live on a 2-D mesh, others
+    on the data-parallel mesh only); each group's norm is reduced over its mesh, then the groups are
+    combined. Plain gradients are complete on every process and count as they are.
+    """
+    from torch.distributed.tensor import DTensor
+
+    norm_type = float(norm_type)
+    norms = []
+    for group in _by_mesh(grads):
+        norm = torch.nn.utils.get_total_norm(group, norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return torch.tensor(0.0)
+    device = norms[0].device
+    norms = [n.to(device) for n in norms]
+    if math.isinf(norm_type):
+        return torch.stack(norms).max()
+    return torch.stack(norms).pow(norm_type).sum().pow(1.0 / norm_type)
+
+
+def _take_full_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Rank 0's full weights and non-persistent buffers (empty elsewhere: other ranks may be on meta)."""
+    from overdrive.transforms.data_parallel import non_persistent_buffers
+
+    if dist.get_rank() != 0:
+        return {}, {}
+    on_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if on_meta:
+        raise ValueError(f"cpu_ram_efficient_loading: rank 0 must hold the real weights, but {len(on_meta)} "
+                         f"parameters are on the meta device ({', '.join(on_meta[:5])})")
+    return model.state_dict(), non_persistent_buffers(model)
+
+
+def _refuse_meta(model: nn.Module, fsdp: FullyShardedDataParallelPlugin) -> None:
+    on_meta = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if on_meta:
+        shown = ", ".join(on_meta[:5]) + (", ..." if len(on_meta) > 5 else "")
+        raise ValueError(
+            f"prepare() got a model with {len(on_meta)} parameters on the meta device ({shown}); materialise it "
+            "first, or let rank 0 hold the weights and pass FullyShardedDataParallelPlugin("
+            "cpu_ram_efficient_loading=True) with data-parallel sharding")

@@ -1,0 +1,290 @@
+"""The ``overdrive`` command without starting training processes: errors, config files, env, and the
+pieces the launcher is built from (cluster detectors, torchrun arguments, failure reports)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from overdrive import config_file as cf
+from overdrive.launchers.torchrun import Command, LaunchPlan, describe_failures, torchrun_argv, traceback_tail
+from overdrive.runtime.cluster import _tasks_per_node, detect_process_info, first_host
+
+SCRIPTS = Path(__file__).parent / "scripts"
+_CLUSTER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                     "MASTER_PORT", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "MV2_", "PALS_")
+
+
+def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This environment without any cluster's variables, with config files looked up under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_CLUSTER_PREFIXES)}
+    env.update(OVERDRIVE_CONFIG_FILE=str(tmp_path / "default_config.yaml"), HF_HOME=str(tmp_path / "hf"),
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def overdrive(*args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 60,
+              stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "overdrive.cli", *args], env=env, cwd=cwd, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -- usage errors --------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_bad_flag_values_are_all_reported_with_choices(tmp_path):
+    result = overdrive("launch", "--mixed_precision", "fp33", "--num-processes", "0", "--rdzv_backend", "c10", "--gpu_ids",
+                       "first", "missing_script.py", env=clean_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    err = result.stderr
+    assert "5 problems" in err and "overdrive launch: error" in err
+    assert "--mixed_precision: 'fp33' is not valid; choose from no, fp16, bf16, fp8" in err
+    assert "--num_processes: 0 must be 1 or more" in err
+    assert "--rdzv_backend: 'c10' is not valid; choose from static, c10d, etcd, etcd-v2 (did you mean 'c10d'?)" in err
+    assert "--gpu_ids: 'first' is not valid" in err
+    assert "training script 'missing_script.py' does not exist" in err and str(tmp_path) in err
+
+
+@pytest.mark.timeout(60)
+def test_missing_script_suggests_the_nearest_file(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result = overdrive("launch", "trian.py", env=clean_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "training script 'trian.py' does not exist" in result.stderr
+    assert "did you mean 'train.py'" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_unknown_flag_and_command_suggest_the_nearest(tmp_path):
+    result = overdrive("launch", "--num_proceses", "2", "train.py", env=clean_env(tmp_path))
+    assert result.returncode == 2
+    assert "'--num_proceses' is not a flag of 'overdrive launch' (did you mean --num_processes?)" in result.stderr
+    result = overdrive("lanch", env=clean_env(tmp_path))
+    assert result.returncode == 2 and "unknown command 'lanch' (did you mean 'launch'?)" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_processes_must_divide_among_machines_and_need_an_address(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    result = overdrive("launch", "--num_processes", "3", "--num_machines", "2", "--machine_rank", "2", str(script),
+                       env=clean_env(tmp_path))
+    assert result.returncode == 2
+    assert "num_processes 3 (from --num_processes)" in result.stderr and "must divide evenly" in result.stderr
+    assert "machine_rank 2 (from --machine_rank) must be below num_machines 2" in result.stderr
+    assert "needs --main_process_ip" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_bad_config_file_names_file_key_and_nearest(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_proceses: 2\nmixed_precision: fp61\ndistributed_type: MULTI_GPUS\nuse_cpu: maybe\n")
+    script = tmp_path / "s.py"
+    script.write_text("")
+    result = overdrive("launch", "--config_file", str(bad), str(script), env=clean_env(tmp_path))
+    assert result.returncode == 2, result.stderr
+    err = result.stderr
+    assert f"config file {bad} has 4 problems" in err
+    assert "unknown key 'num_proceses' (did you mean 'num_processes'?)" in err
+    assert "mixed_precision: 'fp61' is not valid; choose from no, fp16, bf16, fp8" in err
+    assert "(did you mean 'MULTI_GPU'?)" in err
+    assert "use_cpu: 'maybe' is not a boolean" in err
+    missing = overdrive("launch", "--config_file", str(tmp_path / "nope.yaml"), str(script), env=clean_env(tmp_path))
+    assert missing.returncode == 2 and f"--config_file {tmp_path / 'nope.yaml'}: the file does not exist" in missing.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("num_processes: [2\n")
+    result = overdrive("launch", "--config_file", str(broken), str(script), env=clean_env(tmp_path))
+    assert result.returncode == 2 and f"config file {broken}: is not valid YAML" in result.stderr
+
+
+def test_config_checks_report_every_problem_at_once(tmp_path):
+    with pytest.raises(cf.ConfigError) as info:
+        cf.validate_config({"num_machines": 0, "rdzv_backend": "etdc", "dynamo_config": {"dynamo_backend": "inductr",
+                                                                                          "dynamo_mod": "default"}},
+                           tmp_path / "x.yaml")
+    message = str(info.value)
+    assert "num_machines: 0 must be 1 or more" in message
+    assert "'etdc' is not valid" in message and "(did you mean 'etcd'?)" in message
+    assert "dynamo_config.dynamo_backend: 'inductr'" in message and "(did you mean 'INDUCTOR'?)" in message
+    assert "unknown key 'dynamo_mod' (did you mean 'dynamo_mode'?)" in message
+
+
+# -- config files --------------------------------------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_config_default_writes_the_default_location_and_keeps_an_existing_file(tmp_path):
+    env = clean_env(tmp_path)
+    env.pop("OVERDRIVE_CONFIG_FILE")
+    result = overdrive("config", "default", "--mixed_precision", "bf16", env=env)
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "hf" / "overdrive" / "default_config.yaml"
+    written = yaml.safe_load(path.read_text())
+    assert written["mixed_precision"] == "bf16" and written["compute_environment"] == "LOCAL_MACHINE"
+    assert written["num_processes"] == 1 and written["use_cpu"] is True  # this machine has no GPU
+    again = overdrive("config", "default", "--mixed_precision", "fp16", env=env)
+    assert again.returncode == 0 and "exists already" in again.stderr
+    assert yaml.safe_load(path.read_text())["mixed_precision"] == "bf16"
+    forced = overdrive("config", "default", "--mixed-precision", "fp16", "--force", env=env)
+    assert forced.returncode == 0 and yaml.safe_load(path.read_text())["mixed_precision"] == "fp16"
+
+
+@pytest.mark.timeout(60)
+def test_config_update_rewrites_legacy_keys(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nfp16: true\n"
+                   "dynamo_backend: 'NO'\nnum_processes: 2\n")
+    result = overdrive("config", "update", "--config_file", str(old), env=clean_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    new = yaml.safe_load(old.read_text())
+    assert "fp16" not in new and "dynamo_backend" not in new
+    assert new["mixed_precision"] == "fp16" and new["dynamo_config"] == {"dynamo_backend": "NO"}
+    assert new["num_processes"] == 2 and new["rdzv_backend"] == "static" and new["num_machines"] == 1
+    missing = overdrive("config", "update", "--config_file", str(tmp_path / "none.yaml"), env=clean_env(tmp_path))
+    assert missing.returncode == 2 and "no config file at" in missing.stderr
+
+
+@pytest.mark.timeout(60)
+def test_config_questionnaire_from_answers_on_stdin(tmp_path):
+    target = tmp_path / "asked.yaml"
+    # kind: multi-CPU; 1 machine; 4 processes; no dynamo; mixed precision: a typo first, then bf16
+    answers = "1\n\n4\nno\nbf17\nbf16\n"
+    result = overdrive("config", "--config_file", str(target), env=clean_env(tmp_path), stdin=answers)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "'bf17' is not one of no, fp16, bf16, fp8" in result.stdout
+    written = cf.load_config(target)
+    assert written["distributed_type"] == "MULTI_CPU" and written["num_processes"] == 4
+    assert written["mixed_precision"] == "bf16" and written["use_cpu"] is True
+
+
+def test_accelerate_config_file_is_read_as_it_is(tmp_path):
+    path = tmp_path / "default_config.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndebug: false\ndistributed_type: MULTI_GPU\ndowncast_bf16: 'no'\n"
+        "enable_cpu_affinity: false\ngpu_ids: all\nmachine_rank: 0\nmain_training_function: main\n"
+        "mixed_precision: bf16\nnum_machines: 1\nnum_processes: 8\nrdzv_backend: static\nsame_network: true\n"
+        "tpu_env: []\ntpu_use_cluster: false\ntpu_use_sudo: false\nuse_cpu: false\n"
+        "dynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: default\nfsdp_config: {}\n"
+        "deepspeed_config: {}\nmegatron_lm_config: {}\nmain_process_ip: null\nmain_process_port: null\n")
+    config = cf.load_config(path)
+    assert config["num_processes"] == 8 and config["mixed_precision"] == "bf16" and config["downcast_bf16"] is False
+    assert config["dynamo_config"]["dynamo_backend"] == "INDUCTOR"
+
+
+def test_default_config_path_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("OVERDRIVE_CONFIG_FILE", str(tmp_path / "mine.yaml"))
+    assert cf.default_config_path() == tmp_path / "mine.yaml"
+    monkeypatch.delenv("OVERDRIVE_CONFIG_FILE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert cf.default_config_path() == tmp_path / "hf" / "overdrive" / "default_config.yaml"
+    assert cf.find_config().path is None
+    accelerate = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    accelerate.parent.mkdir(parents=True)
+    accelerate.write_text("num_processes: 2\n")
+    assert cf.find_config().path == accelerate  # Accelerate's file when overdrive has none
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cf.default_config_path() == tmp_path / ".cache" / "overdrive" / "default_config.yaml"
+
+
+@pytest.mark.timeout(60)
+def test_env_reports_versions_devices_and_config(tmp_path):
+    env = clean_env(tmp_path)
+    cf.save_config(cf.basic_config("fp16"), env["OVERDRIVE_CONFIG_FILE"])
+    result = overdrive("env", env=env)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    import torch
+
+    from overdrive import __version__
+
+    assert f"- overdrive version: {__version__}" in out
+    assert f"- PyTorch version: {torch.__version__}" in out and "- Python version:" in out and "- Platform:" in out
+    assert "- Accelerator: none" in out and "gloo" in out
+    assert f"- Config file: {env['OVERDRIVE_CONFIG_FILE']} ($OVERDRIVE_CONFIG_FILE)" in out
+    assert "\t- mixed_precision: fp16" in out
+
+
+# -- building blocks -----------------------------------------------------------------------------------
+def test_torchrun_arguments_for_each_topology():
+    script = Command("train.py", ("--lr", "1"))
+    one = torchrun_argv(LaunchPlan(num_processes=2), script, "/logs")
+    assert "--nproc-per-node=2" in one and "--nnodes=1" in one and "--redirects=2" in one
+    assert not any(a.startswith(("--master-port", "--rdzv-endpoint")) for a in one)  # torchrun picks a free port
+    assert one[-3:] == ["train.py", "--lr", "1"]
+    static = torchrun_argv(LaunchPlan(num_processes=8, num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
+                                      main_process_port=1234), script, "/logs")
+    assert {"--nnodes=2", "--nproc-per-node=4", "--master-addr=10.0.0.1", "--master-port=1234",
+            "--node-rank=1"} <= set(static)
+    c10d = torchrun_argv(LaunchPlan(num_processes=4, num_machines=2, main_process_ip="h", rdzv_backend="c10d",
+                                    max_restarts=3), Command("pkg.mod", module=True), "/logs")
+    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=h:29500", "--max-restarts=3", "--module"} <= set(c10d)
+    from torch.distributed.run import get_args_parser
+
+    parsed = get_args_parser().parse_args(static)  # torchrun's own parser accepts what we build
+    assert parsed.nproc_per_node == "4" and parsed.training_script_args == ["--lr", "1"]
+
+
+def test_failure_report_names_first_rank_signal_and_traceback(tmp_path):
+    attempt = tmp_path / "run_x" / "attempt_0"
+    for rank, text in ((0, "RuntimeError: Connection closed by peer\n"),
+                       (1, "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"t.py\", line 3\n"
+                           "[rank1]: ValueError: boom\n")):
+        (attempt / str(rank)).mkdir(parents=True)
+        (attempt / str(rank) / "stderr.log").write_text(text)
+    os.utime(attempt / "0" / "stderr.log", (1e9, 2e9))  # rank 0 wrote last: rank 1 failed first
+    os.utime(attempt / "1" / "stderr.log", (1e9, 1e9))
+    failures = {0: SimpleNamespace(local_rank=0, exitcode=1, error_file="<N/A>", error_file_data={}, timestamp=5),
+                1: SimpleNamespace(local_rank=1, exitcode=1, error_file="<N/A>", error_file_data={}, timestamp=5),
+                2: SimpleNamespace(local_rank=2, exitcode=-15, error_file="<N/A>", error_file_data={}, timestamp=1)}
+    report, code = describe_failures(failures, str(tmp_path))
+    assert report.splitlines()[0].startswith("overdrive launch: rank 1 exited with code 1")
+    assert "[rank1]: ValueError: boom" in report and "rank 0 also failed" in report
+    assert "rank 2 was stopped (SIGTERM)" in report and code == 1
+    killed = {3: SimpleNamespace(local_rank=3, exitcode=-9, error_file="<N/A>", error_file_data={}, timestamp=1)}
+    report, code = describe_failures(killed, str(tmp_path))
+    assert "rank 3 ended by signal SIGKILL (exit code -9)" in report and code == 137
+
+
+def test_traceback_tail_keeps_the_last_traceback():
+    text = "noise\nTraceback (most recent call last):\n  old\nKeyError\nmore noise\n" \
+           "Traceback (most recent call last):\n  File 'x'\nValueError: last\n"
+    assert traceback_tail(text) == ["Traceback (most recent call last):", "  File 'x'", "ValueError: last"]
+    assert traceback_tail("\n".join(str(i) for i in range(30)), max_lines=4) == ["...", "27", "28", "29"]
+
+
+def test_slurm_and_mpi_variables_are_recognised():
+    slurm = detect_process_info({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                                 "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "2(x4)",
+                                 "SLURM_JOB_NODELIST": "gpu[003-006]", "SLURM_JOB_ID": "4242"})
+    assert (slurm.rank, slurm.world_size, slurm.local_rank, slurm.local_world_size, slurm.node_rank) == (5, 8, 1, 2, 2)
+    assert slurm.master_addr == "gpu003" and slurm.master_port == 15000 + 4242 and slurm.source == "slurm"
+    ompi = detect_process_info({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+                                "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                                "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "7"})
+    assert (ompi.rank, ompi.world_size, ompi.local_rank, ompi.node_rank, ompi.master_addr, ompi.master_port) == \
+        (3, 4, 1, 1, "n1", 7)
+    hydra = detect_process_info({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"})
+    assert (hydra.rank, hydra.world_size, hydra.local_rank, hydra.source) == (1, 2, 1, "mpich / intel mpi")
+    torchrun = detect_process_info({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    assert torchrun.rank == 1 and torchrun.world_size == 2  # torchrun under srun: torchrun's variables win
+    assert first_host("a,b") == "a" and first_host("node[1-2],x") == "node1" and _tasks_per_node("3,2(x2)", 2) == 2
+
+
+def test_questionnaire_on_a_machine_with_gpus(monkeypatch):
+    from overdrive.cli.config_cmd import Asker, questionnaire
+
+    # multi-GPU, 2 machines, rank 1, ip, port, same network, c10d, 16 processes, GPUs 0-7, dynamo inductor, fp16
+    answers = iter(["2", "2", "1", "10.1.2.3", "", "yes", "c10d", "16", "0,1,2,3,4,5,6,7", "y", "inductor", "fp16"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
+    config = questionnaire(Asker(), "cuda", 8)
+    assert config["distributed_type"] == "MULTI_GPU" and config["use_cpu"] is False
+    assert (config["num_machines"], config["machine_rank"], config["main_process_ip"]) == (2, 1, "10.1.2.3")
+    assert config["main_process_port"] == 29500 and config["rdzv_backend"] == "c10d" and config["same_network"]
+    assert config["num_processes"] == 16 and config["gpu_ids"] == "0,1,2,3,4,5,6,7"
+    assert config["dynamo_config"] == {"dynamo_backend": "INDUCTOR"} and config["mixed_precision"] == "fp16"
+    assert cf.validate_config(config) == config
