@@ -1,7 +1,7 @@
 """Train a small classifier on scikit-learn's handwritten digits (shipped with the package: no download).
 
 One process:        python examples/digits.py
-Two CPU processes:  torchrun --nproc-per-node 2 examples/digits.py
+Two CPU processes:  overdrive launch --num_processes 2 examples/digits.py
 
 The same script, unchanged, runs on one process or many; it prints the held-out accuracy at the end.
 """
@@ -15,9 +15,9 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from tqdm.auto import tqdm
 
 from overdrive import Accelerator
+from overdrive.progress import progress_bar
 from overdrive.utils import set_seed
 
 
@@ -50,8 +50,7 @@ def main() -> float:
     accelerator.print(f"training on {accelerator.num_processes} process(es), {accelerator.device}, "
                       f"mixed precision {accelerator.mixed_precision}")
 
-    progress = tqdm(total=args.epochs * len(train_loader), disable=not accelerator.is_main_process,
-                    desc="train", mininterval=1.0)
+    progress = progress_bar(total=args.epochs * len(train_loader), desc="train")  # main process only
     for _ in range(args.epochs):
         model.train()
         for x, y in train_loader:

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[examples]"
-.venv/bin/torchrun --nproc-per-node 2 examples/digits.py "$@"
+.venv/bin/overdrive launch --num_processes 2 examples/digits.py "$@"

@@ -29,7 +29,8 @@ def accuracy(command: list[str]) -> float:
 def test_digits_two_processes_match_one():
     args = ["examples/digits.py", "--epochs", "8"]
     one = accuracy([sys.executable, *args, "--batch-size", "64"])
-    two = accuracy([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    f"--master-port={free_port()}", *args, "--batch-size", "32"])
+    launcher = str(pathlib.Path(sys.executable).with_name("overdrive"))  # the console script, as a user types it
+    two = accuracy([launcher, "launch", "--num_processes", "2", "--main_process_port", str(free_port()), *args,
+                    "--batch-size", "32"])
     assert one > 0.93 and two > 0.93, (one, two)
     assert abs(one - two) <= 0.02, (one, two)

@@ -96,11 +96,12 @@ class ProgressBar:
         elif self._line_due():
             self._print_line()
 
-    def set_postfix(self, **values: Any) -> None:
-        """Show ``values`` (e.g. ``loss=0.31``) after the counts."""
-        self.postfix = values
+    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True,
+                    **values: Any) -> None:
+        """Show ``values`` (e.g. ``loss=0.31``) after the counts (tqdm's signature)."""
+        self.postfix = {**(ordered_dict or {}), **values}
         if self._tqdm is not None:
-            self._tqdm.set_postfix(values)
+            self._tqdm.set_postfix(self.postfix, refresh=refresh)
 
     def set_description(self, desc: str) -> None:
         self.desc = desc
