@@ -12,6 +12,7 @@ end of its traceback next to its rank and exit code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -110,23 +111,11 @@ def torchrun_argv(plan: LaunchPlan, command: Command, log_dir: str) -> list[str]
     return argv + [command.target, *command.args]
 
 
-@contextmanager
-def patched_environ(values: Mapping[str, str | None]) -> Iterator[None]:
+def patched_environ(values: Mapping[str, str | None]) -> contextlib.AbstractContextManager[None]:
     """Set (or with None, remove) environment variables for the block; the workers inherit them."""
-    saved = {key: os.environ.get(key) for key in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    from overdrive.utils.misc import patch_environment
+
+    return patch_environment(**values)
 
 
 def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:

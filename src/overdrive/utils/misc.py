@@ -62,20 +62,23 @@ _WRAPPERS = ("DistributedDataParallel", "DataParallel", "DeepSpeedEngine")
 
 @contextlib.contextmanager
 def patch_environment(**kwargs: Any) -> Iterator[None]:
-    """Set environment variables (names upper-cased) for the block, restoring them afterwards."""
-    saved = {}
-    for key, value in kwargs.items():
-        key = key.upper()
-        saved[key] = os.environ.get(key)
-        os.environ[key] = str(value)
+    """Set environment variables (names upper-cased; ``None`` removes one) for the block, restoring them
+    afterwards."""
+    saved = {key.upper(): os.environ.get(key.upper()) for key in kwargs}
     try:
+        for key, value in kwargs.items():
+            _set_env(key.upper(), None if value is None else str(value))
         yield
     finally:
         for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            _set_env(key, value)
+
+
+def _set_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
