@@ -6,9 +6,9 @@
 Two views:
 1. cProfile of the prepared loop: the overdrive functions by cumulative time per step, and the extra
    Python calls per step over the plain loop (profiling inflates times; the ranking is what counts).
-2. An ablation without a profiler: the prepared loop with one piece of overdrive taken out at a time
-   (by patching that one loader or skipping the call in that one loop; nothing in src/ changes), run
-   interleaved with the plain loop. The median paired difference to plain per step says what each
+2. An ablation without a profiler: the prepared loop with pieces of overdrive taken out (only the
+   loader prepared, only model and optimizer, without ``accumulate``, with ``loss.backward()``; nothing in
+   src/ changes), run interleaved with the plain loop. The median paired difference to plain per step says what each
    piece costs where it runs. CPU time (process_time) is shown beside wall time: it is less disturbed by
    other work on the machine.
 """
@@ -73,19 +73,19 @@ def ablation_view(data, rounds: int) -> None:
     accelerator = Accelerator(cpu=True)
     runs = {"plain": so.build_plain("mlp", data, BATCH, 1, 0)[0]}
 
-    def variant(name, place=True, cache_len=False, accumulate="context"):
+    def variant(name, loader_prepared=True, model_prepared=True, accumulate="context", backward="accelerator"):
         model = so.fresh_model("mlp")
         optimizer = torch.optim.AdamW(model.parameters(), lr=so.LR)
-        model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, BATCH, shuffle=True))
-        if not place:
-            loader.device = None  # PreparedLoaderMixin._place then returns the batch as it is
-        if cache_len:
-            length = len(loader)
-            loader.__class__ = type("CachedLen", (type(loader),), {"__len__": lambda self: length})
+        loader = DataLoader(data, BATCH, shuffle=True)
+        if model_prepared:  # the model (DDP-less on 1 process) and the AcceleratedOptimizer
+            model, optimizer = accelerator.prepare(model, optimizer)
+        if loader_prepared:
+            loader = accelerator.prepare(loader)
+        backward_fn = accelerator.backward if backward == "accelerator" else torch.Tensor.backward
 
         def step(x, y):
             loss = F.cross_entropy(model(x), y)
-            accelerator.backward(loss)
+            backward_fn(loss)
             optimizer.step()
             optimizer.zero_grad()
 
@@ -102,12 +102,11 @@ def ablation_view(data, rounds: int) -> None:
         runs[name] = run
 
     variant("overdrive (as benchmarked)")
-    variant("- send_to_device", place=False)
-    variant("- len(loader) each step", cache_len=True)
-    variant("- both", place=False, cache_len=True)
-    variant("accumulate -> _begin_micro_step()", accumulate="begin_only")
-    variant("- accumulate()", accumulate="none")
-    variant("- accumulate() - send_to_device", accumulate="none", place=False)
+    variant("accumulate() -> _begin_micro_step()", accumulate="begin_only")
+    variant("without accumulate()", accumulate="none")
+    variant("without accumulate(), loss.backward()", accumulate="none", backward="plain")
+    variant("only the loader prepared", model_prepared=False, accumulate="none", backward="plain")
+    variant("only model+optimizer prepared", loader_prepared=False, accumulate="none", backward="plain")
     names = list(runs)
     wall = {n: [] for n in names}
     cpu = {n: [] for n in names}

@@ -29,10 +29,11 @@ def test_one_minus_one_is_filled_in_and_two_are_refused():
     assert any("does not divide" in p for p in check_sizes({"dp_shard": -1, "tp": 3}, 4))
 
 
-def test_every_problem_is_reported_at_once_and_pipeline_is_not_yet():
+def test_every_problem_is_reported_at_once():
     problems = check_sizes({"pp": 2, "dp_shard": 0, "tp": "2"}, 4)
     text = "\n".join(problems)
-    assert "pipeline parallelism" in text and "dp_shard_size=0" in text and "tp_size='2'" in text
+    assert len(problems) == 2 and "dp_shard_size=0" in text and "tp_size='2'" in text
+    assert check_sizes({"pp": 2, "dp_shard": 2}, 4) == []  # pipeline parallel is an axis like the others
 
 
 def test_ranks_along_axes_follow_the_row_major_layout_without_building_a_mesh():

@@ -20,9 +20,11 @@ from overdrive import ops
 from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
+    DeepSpeedPlugin,
     DistributedType,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
+    MegatronLMPlugin,
     ParallelismConfig,
     ProfileKwargs,
     ProjectConfiguration,
@@ -62,9 +64,9 @@ class Accelerator:
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  step_scheduler_with_optimizer: bool = True, kwargs_handlers: list[Any] | None = None,
                  dynamo_backend: str | None = None, parallelism_config: ParallelismConfig | None = None,
-                 torch_tp_plugin: TorchTensorParallelPlugin | None = None, **unsupported: Any) -> None:
-        if deepspeed_plugin is not None:
-            raise NotImplementedError("deepspeed_plugin is not supported yet in this version of overdrive")
+                 torch_tp_plugin: TorchTensorParallelPlugin | None = None,
+                 deepspeed_plugins: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
+                 megatron_lm_plugin: MegatronLMPlugin | None = None, **unsupported: Any) -> None:
         if unsupported:
             raise TypeError(f"Accelerator() got unexpected arguments {sorted(unsupported)}")
         handlers = split_kwargs_handlers(kwargs_handlers)
@@ -83,7 +85,9 @@ class Accelerator:
             device_placement=device_placement, step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             rng_types=rng_types, handlers=handlers, project_config=project_config, log_with=log_with,
             dynamo_backend=dynamo_backend, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config,
-            tp_plugin=torch_tp_plugin)
+            tp_plugin=torch_tp_plugin, deepspeed_plugin=deepspeed_plugin,
+            deepspeed_plugins=deepspeed_plugins,
+            megatron_lm_plugin=megatron_lm_plugin)
         self.parallelism_config = parallelism_config
         self.mesh = ParallelMesh(self.plan.dims, self.device.type, self.process_index, build=self.plan.uses_mesh)
         self.state.training = self.plan
@@ -95,7 +99,9 @@ class Accelerator:
         self.precision = AmpPrecision(self.plan.precision, self.device, self.plan.autocast, self.plan.scaler)
         self.strategy: Strategy = create_strategy(
             self.plan.strategy, device=self.device, ddp=self.plan.ddp, mesh=self.mesh, precision=self.precision,
-            fsdp=self.plan.fsdp, tp=self.plan.tp, dynamo_backend=self.plan.dynamo_backend)
+            fsdp=self.plan.fsdp, tp=self.plan.tp, dynamo_backend=self.plan.dynamo_backend,
+            pipeline=self.plan.pipeline, stage_strategy=self.plan.stage_strategy,
+            loss_divisor=lambda: self._loss_divisor, deepspeed=self.plan.deepspeed)
         self.scaler = self.precision.scaler
         self.step = 0
         self._window_pos = 0
@@ -150,6 +156,11 @@ class Accelerator:
     @property
     def mixed_precision(self) -> str:
         return self.plan.precision.name
+
+    @property
+    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
+        """The DeepSpeed plugin the next ``prepare()`` uses (``state.select_deepspeed_plugin`` chooses)."""
+        return self.state.deepspeed_plugin
 
     # -- the device mesh: one axis per kind of parallelism --------------------------------------------
     @property
@@ -284,9 +295,9 @@ class Accelerator:
         placement = device_placement or [None] * len(args)
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
-        result = list(args)
+        result = self.strategy.prepare_together(list(args))  # DeepSpeed: model + optimizer + scheduler -> engine
         for kinds in ((nn.Module,), (torch.optim.Optimizer, DataLoader), (torch.optim.lr_scheduler.LRScheduler,)):
-            for i, obj in enumerate(args):
+            for i, obj in enumerate(list(result)):
                 if isinstance(obj, kinds) and not self._is_prepared(obj):
                     result[i] = self._prepare_one(obj, placement[i])
         return result[0] if len(result) == 1 else tuple(result)
@@ -375,10 +386,11 @@ class Accelerator:
 
     # -- the training step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided over the accumulation window and scaled for fp16."""
+        """``loss.backward()``, divided over the accumulation window and scaled for fp16. Under DeepSpeed the
+        engine's backward, and its step at the end of each window (``optimizer.step()`` is then a no-op)."""
         if self._loss_divisor > 1:
             loss = loss / self._loss_divisor
-        self.precision.backward(loss, **kwargs)
+        self.strategy.backward(loss, self.precision, self.sync_gradients, **kwargs)
 
     def _begin_micro_step(self) -> None:
         """Decide whether this micro-batch ends an accumulation window (then gradients sync)."""
@@ -389,7 +401,7 @@ class Accelerator:
             size = state.num_steps
             loader = state.active_dataloader
             yielded = getattr(loader, "batches_yielded", None)
-            if state.sync_with_dataloader and yielded is not None:
+            if size > 1 and state.sync_with_dataloader and yielded is not None:
                 with contextlib.suppress(TypeError):
                     size = max(1, min(size, len(loader) - yielded + 1))
             self._window_size = size
@@ -399,22 +411,25 @@ class Accelerator:
         sync = self._window_pos >= self._window_size or (state.sync_with_dataloader and state.end_of_dataloader)
         if sync:
             self._window_pos = 0
-        state._set_sync_gradients(sync)
+        state.sync_gradients = sync
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager:
         """Accumulate gradients over ``gradient_accumulation_steps`` batches: gradients synchronise and
-        the optimizer and scheduler step only on the last batch of each window (or of the data)."""
+        the optimizer and scheduler step only on the last batch of each window (or of the data).
+
+        Use as ``with accelerator.accumulate(model):`` around one batch's step."""
         for model in models:
             if not any(model is m for m in self._models):
                 raise ValueError(f"accumulate() got a model that prepare() did not return: "
                                  f"{type(model).__name__}; pass the object that accelerator.prepare() gave back")
         self._begin_micro_step()
-        with contextlib.ExitStack() as stack:
-            if not (self.sync_gradients or self.gradient_state.sync_each_batch):
-                for model in models:
-                    stack.enter_context(self.strategy.no_sync(model))
-            yield
+        state = self.gradient_state
+        if state.sync_gradients or state.sync_each_batch:
+            return contextlib.nullcontext()  # the common case on the hot path: nothing to enter
+        stack = contextlib.ExitStack()
+        for model in models:
+            stack.enter_context(self.strategy.no_sync(model))
+        return stack
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Skip the gradient synchronisation of ``model`` in this block's backward."""
@@ -653,13 +668,14 @@ class Accelerator:
         """Write ``model``'s full weights as ``model.safetensors`` (or shards + index) in ``save_directory``."""
         from overdrive.checkpoint import save_model
 
-        save_model(model, save_directory, max_shard_size, safe_serialization, is_main_process=self.is_main_process)
+        save_model(model, save_directory, max_shard_size, safe_serialization, is_main_process=self.is_main_process,
+                   engine=self.strategy.engine_checkpoint)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """``model``'s full state dict on the CPU, by the user's parameter names (gathered when sharded)."""
         from overdrive.checkpoint import get_state_dict
 
-        return get_state_dict(model, unwrap=unwrap)
+        return get_state_dict(model, unwrap=unwrap, engine=self.strategy.engine_checkpoint)
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """``dataloader`` skipping the first ``num_batches`` batches of its next epoch (where ``load_state``

@@ -234,16 +234,64 @@ class TorchTensorParallelPlugin:
 
 
 @dataclass
+class PipelineConfig:
+    """Pipeline parallelism: how the model is cut into stages and how the micro-batches flow.
+
+    - ``schedule``: ``"GPipe"``, ``"1F1B"`` (one stage per rank), ``"Interleaved1F1B"``, ``"LoopedBFS"``,
+      ``"InterleavedZeroBubble"`` (several stages per rank), ``"ZBVZeroBubble"``, ``"DualPipeV"`` (two
+      stages per rank, V-shaped) - ``torch.distributed.pipelining``'s schedules.
+    - ``num_microbatches``: how many micro-batches each batch is split into (default: the number of
+      stages); the per-process batch size must be a multiple of it.
+    - ``stages_per_rank``: stages each pipeline rank holds (default 1, or 2 for multi-stage schedules).
+    - ``split_points``: names of the blocks where stages 1, 2, ... begin (``["model.layers.4"]``); by
+      default the model's list of repeated blocks is cut evenly by ``balance``: ``"layers"`` (block
+      count) or ``"params"`` (parameter count, counting the embedding and the head).
+    - ``loss_fn``: ``loss_fn(logits, labels)``, run on the last stage per micro-batch (mean reduction).
+      Without it the model's own loss is used (a ``transformers`` model given ``labels``).
+
+    The loop changes in one place: the target goes into the model call, as ``labels=``, and the loss
+    comes back as ``outputs.loss`` (already back-propagated; ``accelerator.backward(loss)`` is a no-op)::
+
+        outputs = model(ids, labels=targets)
+        accelerator.backward(outputs.loss)
+    """
+
+    schedule: str = "1F1B"
+    num_microbatches: int | None = None
+    stages_per_rank: int | None = None
+    split_points: list[str] | None = None
+    balance: str = "layers"
+    loss_fn: Callable | None = None
+
+    def problems(self, pp_size: int) -> list[str]:
+        """Every invalid field for ``pp_size`` pipeline ranks, each naming the value and the valid choices."""
+        from overdrive.transforms.pipeline_schedule import schedule_problems
+        from overdrive.transforms.pipeline_split import BALANCE_CHOICES
+
+        found = schedule_problems(self.schedule, self.num_microbatches, self.stages_per_rank, pp_size)
+        if self.balance not in BALANCE_CHOICES:
+            found.append(f"balance={self.balance!r} is not valid; choose one of {list(BALANCE_CHOICES)}")
+        if self.loss_fn is not None and not callable(self.loss_fn):
+            found.append(f"loss_fn={self.loss_fn!r} is not callable; give loss_fn(logits, labels) -> loss")
+        if self.split_points is not None and (isinstance(self.split_points, str) or not all(
+                isinstance(p, str) for p in self.split_points)):
+            found.append(f"split_points={self.split_points!r} must be a list of module names")
+        return found
+
+
+@dataclass
 class ParallelismConfig:
     """How the processes of a job divide the work: one device mesh with named axes.
 
     ``dp_replicate_size`` x ``dp_shard_size`` x ``cp_size`` x ``tp_size`` (x ``pp_size``) must equal the
     number of processes; one of them may be -1 to take what is left. ``dp_shard_size > 1`` shards
     parameters with FSDP2 (with ``dp_replicate_size > 1`` too: HSDP); ``tp_size`` is tensor parallel and
-    ``cp_size`` context parallel (sequence split across processes, CUDA only). ``pp_size`` is reserved
-    for pipeline parallelism and must be 1 for now::
+    ``cp_size`` context parallel (sequence split across processes, CUDA only). ``pp_size`` is pipeline
+    parallel (the model cut into stages), set up by ``pp_handler``, a ``PipelineConfig``::
 
         Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
+        Accelerator(parallelism_config=ParallelismConfig(pp_size=2, dp_shard_size=2,
+                                                         pp_handler=PipelineConfig(schedule="1F1B")))
     """
 
     dp_replicate_size: int = 1
@@ -255,6 +303,9 @@ class ParallelismConfig:
     tp_handler: TorchTensorParallelPlugin | None = None
     #: context-parallel settings: a dict or object with ``cp_comm_strategy`` ("allgather" or "alltoall").
     cp_handler: Any = None
+    #: pipeline settings (schedule, micro-batches, stages per rank, split points, loss function); a
+    #: ``PipelineConfig`` (or a dict of its fields). Used when ``pp_size > 1``.
+    pp_handler: PipelineConfig | dict | None = None
 
     def sizes(self) -> dict[str, int]:
         """The axis sizes by mesh axis name."""
@@ -415,6 +466,156 @@ class FullyShardedDataParallelPlugin:
             raise ValueError(f"fsdp_config has unknown keys {sorted(unknown)}; valid keys: "
                              f"{sorted(_FSDP_CONFIG_KEYS)}")
         return cls(**values)
+
+
+@dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed ZeRO with Accelerate's fields; the engine is built by ``prepare()``.
+
+    ``hf_ds_config`` is DeepSpeed's own config (a path to a JSON file or a dict); without it the fields make
+    one (ZeRO stage 2, gradient clipping 1.0 as in Accelerate). ``"auto"`` values in the config are filled
+    from the fields, the Accelerator (mixed precision, accumulation) and the prepared objects (the data
+    loader's batch size, the optimizer's and scheduler's settings). A field and the config that disagree are
+    reported together with every other problem when the Accelerator is built::
+
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0))
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config="ds_config.json"), mixed_precision="bf16")
+
+    ``deepspeed_config`` holds the config (editable before ``prepare()``). ``zero3_init_flag`` makes
+    ``zero3_init_context_manager()`` build models already sharded (ZeRO-3). See docs/deepspeed.md.
+    """
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int | None = None
+    gradient_clipping: float | None = None
+    zero_stage: int | None = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: str | None = None
+    offload_param_device: str | None = None
+    offload_optimizer_nvme_path: str | None = None
+    offload_param_nvme_path: str | None = None
+    zero3_init_flag: bool | None = None
+    zero3_save_16bit_model: bool | None = None
+    transformer_moe_cls_names: str | None = None
+    enable_msamp: bool | None = None
+    msamp_opt_level: str | None = None
+    deepspeed_config: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    selected: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from overdrive.deepspeed.config import apply_fields, config_from_fields, read_config
+
+        config, self.config_source = read_config(self.hf_ds_config)
+        self.deepspeed_config = config if config is not None else config_from_fields(self)
+        self._conflicts = apply_fields(self, self.deepspeed_config, self.config_source)
+
+    def problems(self) -> list[str]:
+        """Every invalid field, and every field the config contradicts (naming both values)."""
+        from overdrive.deepspeed.config import plugin_problems
+
+        return plugin_problems(self)
+
+    def get_value(self, key: str, default: Any = None) -> Any:
+        """The config's value at a dotted ``key`` such as ``"zero_optimization.stage"``."""
+        from overdrive.deepspeed.config import get_path
+
+        return get_path(self.deepspeed_config, key, default)
+
+    def is_auto(self, key: str) -> bool:
+        return self.get_value(key) == "auto"
+
+    @property
+    def zero_stage_in_use(self) -> int:
+        from overdrive.deepspeed.config import zero_stage_of
+
+        return zero_stage_of(self.deepspeed_config)
+
+    def is_zero3_init_enabled(self) -> bool:
+        return bool(self.zero3_init_flag) and self.zero_stage_in_use == 3
+
+    def zero3_init_context_manager(self, enable: bool = False) -> Any:
+        """``deepspeed.zero.Init`` for this config when ZeRO-3 init is on (or ``enable``): modules built
+        inside are sharded as they are created. A no-op context otherwise."""
+        import contextlib
+
+        if not (enable or self.is_zero3_init_enabled()):
+            return contextlib.nullcontext()
+        from overdrive.deepspeed import import_deepspeed
+
+        zero = {k: v for k, v in self.deepspeed_config.get("zero_optimization", {}).items() if v != "auto"}
+        dtypes = {k: {"enabled": self.get_value(f"{k}.enabled") is True} for k in ("bf16", "fp16")}
+        return import_deepspeed().zero.Init(config_dict_or_path={"zero_optimization": zero, **dtypes,
+                                                                 "train_micro_batch_size_per_gpu": 1})
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        """Make this the plugin the next ``prepare()`` uses (``accelerator.state.select_deepspeed_plugin``)."""
+        self.selected = True
+
+    @classmethod
+    def from_config_dict(cls, config: dict[str, Any]) -> DeepSpeedPlugin:
+        """The plugin for Accelerate's ``deepspeed_config`` (YAML / launcher) keys, e.g. ``{"zero_stage": 2,
+        "offload_optimizer_device": "cpu", "gradient_clipping": 1.0, "deepspeed_config_file": "ds.json"}``."""
+        from overdrive.deepspeed.config import plugin_from_config_dict
+
+        return plugin_from_config_dict(cls, config)
+
+
+@dataclass
+class MegatronLMPlugin:
+    """Megatron-LM model parallelism (``megatron-core``) with Accelerate's fields: ``tp_degree`` tensor
+    parallel, ``pp_degree`` pipeline stages (``num_micro_batches`` each step), ``sequence_parallelism``,
+    ``recompute_activations``, ``use_distributed_optimizer``, and ``custom_model_provider_function`` that
+    builds the model. Checked when the Accelerator is built; needs ``pip install megatron-core``."""
+
+    tp_degree: int | None = None
+    pp_degree: int | None = None
+    num_micro_batches: int | None = None
+    gradient_clipping: float | None = None
+    sequence_parallelism: bool | None = None
+    recompute_activations: bool | None = None
+    use_distributed_optimizer: bool | None = None
+    pipeline_model_parallel_split_rank: int | None = None
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    is_train_batch_min: bool = True
+    train_iters: int | None = None
+    train_samples: int | None = None
+    weight_decay_incr_style: str = "constant"
+    start_weight_decay: float | None = None
+    end_weight_decay: float | None = None
+    lr_decay_style: str = "linear"
+    lr_decay_iters: int | None = None
+    lr_decay_samples: int | None = None
+    lr_warmup_iters: int | None = None
+    lr_warmup_samples: int | None = None
+    lr_warmup_fraction: float | None = None
+    min_lr: float = 0
+    consumed_samples: list[int] | None = None
+    no_wd_decay_cond: Callable | None = None
+    scale_lr_cond: Callable | None = None
+    lr_mult: float = 1.0
+    megatron_dataset_flag: bool = False
+    seq_length: int | None = None
+    encoder_seq_length: int | None = None
+    decoder_seq_length: int | None = None
+    tensorboard_dir: str | None = None
+    set_all_logging_options: bool = False
+    eval_iters: int = 100
+    eval_interval: int = 1000
+    return_logits: bool = False
+    custom_train_step_class: Any = None
+    custom_train_step_kwargs: dict[str, Any] | None = None
+    custom_model_provider_function: Callable | None = None
+    custom_prepare_model_function: Callable | None = None
+    custom_megatron_datasets_provider_function: Callable | None = None
+    custom_get_batch_function: Callable | None = None
+    custom_loss_function: Callable | None = None
+    other_megatron_args: dict[str, Any] | None = None
+
+    def problems(self, world_size: int | None = None) -> list[str]:
+        """Every invalid field (and, given ``world_size``, degrees that do not divide it)."""
+        from overdrive.deepspeed.megatron import plugin_problems
+
+        return plugin_problems(self, world_size)
 
 
 def _from_yaml(value: Any) -> Any:

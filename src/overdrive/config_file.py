@@ -162,6 +162,25 @@ def _dynamo(key: str, value: Any) -> tuple[Any, str | None]:
     return value, "; ".join(problems) or None
 
 
+def _section(name: str) -> Checker:
+    """A plugin section (``deepspeed_config`` / ``fsdp_config``): a mapping of Accelerate's keys."""
+    def check(key: str, value: Any) -> tuple[Any, str | None]:
+        value, problem = _mapping(key, value)
+        if problem:
+            return value, problem
+        from overdrive import config as plugins
+
+        if name == "deepspeed_config":
+            from overdrive.deepspeed.config import CONFIG_KEYS
+
+            known = [*CONFIG_KEYS, *plugins.field_names(plugins.DeepSpeedPlugin)]
+        else:
+            known = [*plugins._FSDP_CONFIG_KEYS, *plugins.field_names(plugins.FullyShardedDataParallelPlugin)]
+        unknown = [f"{key}: unknown key {k!r}{nearest(str(k), list(known))}" for k in value if k not in known]
+        return value, "; ".join(unknown) or None
+    return check
+
+
 #: Every key Accelerate writes (local machine, TPU, SageMaker, plugin sections) and its checker.
 KEYS: dict[str, Checker] = {
     "compute_environment": _choice(COMPUTE_ENVIRONMENTS, upper=True),
@@ -181,8 +200,8 @@ KEYS: dict[str, Checker] = {
     "enable_cpu_affinity": _bool,
     "downcast_bf16": _bool,
     "dynamo_config": _dynamo,
-    "deepspeed_config": _mapping,
-    "fsdp_config": _mapping,
+    "deepspeed_config": _section("deepspeed_config"),
+    "fsdp_config": _section("fsdp_config"),
     "megatron_lm_config": _mapping,
     "ipex_config": _mapping,
     "mpirun_config": _mapping,

@@ -26,10 +26,12 @@ from overdrive.config import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
     ParallelismConfig,
+    PipelineConfig,
     ProfileKwargs,
     ProjectConfiguration,
     RNGType,
     TorchTensorParallelPlugin,
+    field_names,
 )
 from overdrive.precision import PrecisionPolicy, precision_policy
 from overdrive.runtime import (
@@ -132,6 +134,11 @@ class TrainingPlan:
     fsdp: FullyShardedDataParallelPlugin | None = None
     tp: TorchTensorParallelPlugin | None = None
     cp_comm_strategy: str = "allgather"
+    #: with pp_size > 1: the pipeline settings, and the strategy that wraps each stage ("single", "ddp", "fsdp2")
+    pipeline: PipelineConfig | None = None
+    stage_strategy: str | None = None
+    #: with DeepSpeed: the plugins and the settings that fill their "auto" values (a ``DeepSpeedSettings``)
+    deepspeed: Any = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,8 @@ class _Parallelism:
     fsdp: FullyShardedDataParallelPlugin | None
     tp: TorchTensorParallelPlugin | None
     cp_comm_strategy: str
+    pipeline: PipelineConfig | None = None
+    stage_strategy: str | None = None
 
 
 def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParallelPlugin | None,
@@ -181,11 +190,33 @@ def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParal
         errors.append(f"fsdp_plugin was given but nothing is sharded ({dims.describe()}); give dp_shard_size > 1 in "
                       "ParallelismConfig, or leave fsdp_plugin out for plain data parallel")
     uses_mesh = fsdp_plugin is not None or parallelism_config is not None or tp_plugin is not None
-    if not uses_mesh or (dims.enabled_axes in ((), ("dp_replicate",)) and fsdp_plugin is None):
-        strategy = "ddp" if info.is_distributed else "single"
+    stage_axes = tuple(a for a in dims.enabled_axes if a != "pp")
+    if not uses_mesh or (stage_axes in ((), ("dp_replicate",)) and fsdp_plugin is None):
+        strategy = "ddp" if (info.is_distributed if dims.pp == 1 else info.world_size > dims.pp) else "single"
     else:
         strategy = "fsdp2"
+    pp_size = sizes.get("pp", 1)
+    pp_size = dims.pp if not problems else pp_size if isinstance(pp_size, int) and pp_size > 1 else 1
+    pipeline = _pipeline_config(parallelism_config, fsdp_plugin, pp_size, errors) if pp_size > 1 else None
+    if pipeline is not None:
+        return _Parallelism("pipeline", dims, uses_mesh, fsdp_plugin, tp_plugin, cp_comm, pipeline, strategy)
     return _Parallelism(strategy, dims, uses_mesh, fsdp_plugin, tp_plugin, cp_comm)
+
+
+def _pipeline_config(parallelism_config: ParallelismConfig | None, fsdp_plugin: FullyShardedDataParallelPlugin | None,
+                     pp_size: int, errors: list[str]) -> PipelineConfig:
+    """The pipeline settings of ``pp_size > 1``; their problems are appended to ``errors``."""
+    given = parallelism_config.pp_handler if parallelism_config is not None else None
+    try:
+        config = PipelineConfig(**given) if isinstance(given, dict) else given or PipelineConfig()
+    except TypeError as exc:
+        errors.append(f"pp_handler={given!r}: {exc}; its fields are {field_names(PipelineConfig)}")
+        return PipelineConfig()
+    errors.extend(config.problems(pp_size))
+    if fsdp_plugin is not None and fsdp_plugin.cpu_ram_efficient_loading:
+        errors.append("cpu_ram_efficient_loading=True is not supported with pp_size > 1 yet: every process builds "
+                      "the whole model before it is cut into stages; leave it False")
+    return config
 
 
 _HANDLER_SLOTS = {
@@ -224,6 +255,25 @@ def _launched_parallelism(launched: dict[str, Any], fsdp_plugin: FullyShardedDat
     return fsdp_plugin, parallelism_config
 
 
+def _deepspeed(launched: dict[str, Any], plugin: Any, plugins: Any, mixed_precision: str | None, steps: int,
+               accumulation_plugin: GradientAccumulationPlugin | None, dataloader: DataLoaderConfiguration | None,
+               others: dict[str, Any], errors: list[str], local_rank: int = 0) -> Any:
+    """The DeepSpeed settings (None without DeepSpeed); the Accelerator's accumulation counts as given when
+    it is not 1."""
+    if plugin is None and plugins is None and str(launched.get("distributed_type", "")).upper() != "DEEPSPEED":
+        return None
+    from overdrive.deepspeed.resolve import resolve_deepspeed
+
+    if accumulation_plugin is not None and accumulation_plugin.num_steps is not None:
+        steps = accumulation_plugin.num_steps
+    elif steps == 1:
+        steps = launched.get("gradient_accumulation_steps", 1)
+    return resolve_deepspeed(plugin, plugins, launched, mixed_precision=mixed_precision,
+                             explicit_steps=None if steps == 1 else steps,
+                             split_batches=bool(dataloader and dataloader.split_batches), others=others, errors=errors,
+                             local_rank=local_rank)
+
+
 def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradient_accumulation_steps: int,
                      gradient_accumulation_plugin: GradientAccumulationPlugin | None,
                      dataloader_config: DataLoaderConfiguration | None, device_placement: bool | None,
@@ -232,19 +282,34 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
                      log_with: Any, dynamo_backend: str | None,
                      fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
                      parallelism_config: ParallelismConfig | None = None,
-                     tp_plugin: TorchTensorParallelPlugin | None = None) -> TrainingPlan:
+                     tp_plugin: TorchTensorParallelPlugin | None = None, deepspeed_plugin: Any = None,
+                     deepspeed_plugins: Any = None, megatron_lm_plugin: Any = None) -> TrainingPlan:
     launched = launch_config()
     errors: list[str] = []
+    fsdp_label = "fsdp_plugin" if fsdp_plugin is not None else "the launch config's FSDP (distributed_type: FSDP)"
     fsdp_plugin, parallelism_config = _launched_parallelism(launched, fsdp_plugin, parallelism_config)
     parallel = resolve_parallelism(process, fsdp_plugin, parallelism_config, tp_plugin, errors)
 
     if mixed_precision is None:
         mixed_precision = launched.get("mixed_precision", "no")
+    deepspeed = _deepspeed(launched, deepspeed_plugin, deepspeed_plugins, mixed_precision, gradient_accumulation_steps,
+                           gradient_accumulation_plugin, dataloader_config, {
+                               fsdp_label: fsdp_plugin, "parallelism_config": parallelism_config,
+                               "torch_tp_plugin": tp_plugin}, errors, process.info.local_rank)
+    if deepspeed is not None:
+        mixed_precision = deepspeed.mixed_precision  # the DeepSpeed config may turn it on
+    if megatron_lm_plugin is not None:
+        from overdrive.deepspeed.megatron import check_plugin
+
+        check_plugin(megatron_lm_plugin, process.info.world_size, errors)
     precision = None
     try:
         precision = precision_policy(mixed_precision, process.device)
     except ValueError as exc:
         errors.append(str(exc))
+    if parallel.pipeline is not None and precision is not None and precision.loss_scaling:
+        errors.append(f"mixed_precision={mixed_precision!r} scales the loss, which pipeline parallelism does not "
+                      "support yet (an overflow must be agreed by every stage); use 'bf16' or 'no'")
 
     if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
         errors.append(
@@ -259,6 +324,8 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
     steps = gradient_accumulation_plugin.num_steps
     steps = 1 if steps is None else steps
+    if deepspeed is not None:
+        steps = deepspeed.accumulation_steps
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         errors.append(f"gradient_accumulation_steps={steps!r} is not valid; it must be an integer >= 1")
     accumulation = AccumulationPlan(
@@ -292,7 +359,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     elif not isinstance(log_with, (list, tuple)):
         log_with = (log_with,)
     return TrainingPlan(
-        strategy=parallel.strategy,
+        strategy="deepspeed" if deepspeed is not None else parallel.strategy,
         precision=precision,
         accumulation=accumulation,
         dataloader=dataloader_config or DataLoaderConfiguration(),
@@ -300,7 +367,8 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         step_scheduler_with_optimizer=step_scheduler_with_optimizer,
         rng_types=rng,
         ddp=handlers.get("ddp") or DistributedDataParallelKwargs(),
-        scaler=handlers.get("scaler") or GradScalerKwargs(),
+        # DeepSpeed scales an fp16 loss itself (its fp16 block)
+        scaler=GradScalerKwargs(enabled=False) if deepspeed else handlers.get("scaler") or GradScalerKwargs(),
         autocast=handlers.get("autocast") or AutocastKwargs(),
         profile=handlers.get("profile"),
         project=project_config or ProjectConfiguration(),
@@ -311,4 +379,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         fsdp=parallel.fsdp,
         tp=parallel.tp,
         cp_comm_strategy=parallel.cp_comm_strategy,
+        pipeline=parallel.pipeline,
+        stage_strategy=parallel.stage_strategy,
+        deepspeed=deepspeed,
     )

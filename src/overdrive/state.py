@@ -228,6 +228,43 @@ class AcceleratorState(PartialState):
         training = self.__dict__.get("training")
         return training.accumulation.num_steps if training is not None else 1
 
+    @property
+    def deepspeed_plugins(self) -> dict[str, Any] | None:
+        """The DeepSpeed plugins by name (one plugin given alone is ``"default"``), or None."""
+        settings = getattr(self.__dict__.get("training"), "deepspeed", None)
+        return settings.plugins if settings is not None else None
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The selected DeepSpeed plugin: the one the next ``prepare()`` builds an engine with."""
+        settings = getattr(self.__dict__.get("training"), "deepspeed", None)
+        return settings.selected() if settings is not None else None
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        return self._deepspeed_plugins_or_error(name)[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Use the plugin called ``name`` for the models prepared from now on (``None``: the first)::
+
+            accelerator = Accelerator(deepspeed_plugins={"student": zero2, "teacher": zero3})
+            student, optimizer, loader = accelerator.prepare(student, optimizer, loader)
+            accelerator.state.select_deepspeed_plugin("teacher")
+            teacher = accelerator.prepare(teacher)
+        """
+        plugins = self._deepspeed_plugins_or_error(name)
+        name = next(iter(plugins)) if name is None else name
+        for key, plugin in plugins.items():
+            plugin.selected = key == name
+
+    def _deepspeed_plugins_or_error(self, name: str | None) -> dict[str, Any]:
+        plugins = self.deepspeed_plugins
+        if not plugins:
+            raise ValueError("this run has no DeepSpeed plugins; give Accelerator(deepspeed_plugins={name: "
+                             "DeepSpeedPlugin(...)}) or launch with --use_deepspeed")
+        if name is not None and name not in plugins:
+            raise ValueError(f"no DeepSpeed plugin is called {name!r}; the plugins are {sorted(plugins)}")
+        return plugins
+
 
 class GradientState:
     """Whether gradients are synchronised this step, and where the active data loader stands.

@@ -40,24 +40,30 @@ def parse_size(size: int | str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
-def get_state_dict(model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
-    """The model's full state dict on the CPU, by plain names (gathered from the shards under FSDP2;
-    then only rank 0 receives the tensors). ``unwrap=False`` returns the wrapper's own state dict."""
+def get_state_dict(model: nn.Module, unwrap: bool = True, engine: Any = None) -> dict[str, Any]:
+    """The model's full state dict on the CPU, by plain names (gathered from the shards under FSDP2 or
+    ZeRO-3; then only rank 0 receives the tensors). ``unwrap=False`` returns the wrapper's own state dict.
+    ``engine``: the strategy's engine checkpoint, which gathers the models it owns itself."""
     if not unwrap:
         return model.state_dict()
+    if engine is not None and engine.owns(model):
+        return engine.full_state_dict(model)
+    gather = getattr(model, "gather_full_state_dict", None)
+    if callable(gather):  # a pipelined model: the other stages' weights live on other processes
+        return gather()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def save_model(model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
-               safe_serialization: bool = True, is_main_process: bool = True) -> list[str]:
+               safe_serialization: bool = True, is_main_process: bool = True, engine: Any = None) -> list[str]:
     """Write ``model``'s full weights to ``save_directory``; return the files written (main process only).
 
-    Every process must call it under FSDP2 (the weights are gathered); only the main process writes.
+    Every process must call it under FSDP2 and ZeRO-3 (the weights are gathered); only the main process writes.
     """
     limit = parse_size(max_shard_size)
-    state = get_state_dict(model)
+    state = get_state_dict(model, engine=engine)
     if not is_main_process:
         return []
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

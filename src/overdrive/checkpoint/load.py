@@ -20,7 +20,7 @@ from overdrive.checkpoint import naming
 from overdrive.checkpoint.codec import REF, decode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
-from overdrive.checkpoint.save import STATE_FILE, rank_file
+from overdrive.checkpoint.save import STATE_FILE, engine_of, rank_file
 from overdrive.checkpoint.state import (
     GROUPS,
     STATE,
@@ -72,7 +72,9 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
         models = list(accelerator._models)
         for hook in accelerator._load_state_pre_hooks.values():
             hook(models, str(folder))  # a hook that loads a model itself pops it
-        wanted = [i for i, model in enumerate(accelerator._models) if any(model is m for m in models)]
+        engine = engine_of(accelerator)
+        wanted = [i for i, model in enumerate(accelerator._models) if any(model is m for m in models)
+                  and not (engine is not None and engine.owns(model))]
         reader = SafeFileSystemReader(folder, allow_pickle=allow_pickle)
         plan = _Plan(reader.read_metadata(), folder, strict)
         plan.problems += _count_problems(accelerator, state)
@@ -85,11 +87,14 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
     except Exception as exc:  # noqa: BLE001 - reported on every rank
         error = exc
     group.check(error, f"load_state({str(folder)!r})")
+    plan.raise_unexpected(group)
     run_dcp(lambda: dcp.load(plan.targets, storage_reader=reader, planner=SafeLoadPlanner(allow_pickle),
                              no_dist=not group.active))
 
     error = None
     try:
+        if engine is not None:
+            engine.load(folder, list(accelerator._models), allow_pickle=allow_pickle)
         plan.apply(accelerator, state, allow_pickle)
         _restore_process_state(accelerator, state, ranked, loader_states, manifest, group, allow_pickle)
     except Exception as exc:  # noqa: BLE001 - reported on every rank
@@ -134,6 +139,7 @@ class _Plan:
         self.targets: dict[str, Any] = {}
         self.problems: list[str] = []
         self.groups: dict[int, list[dict[str, Any]]] = {}
+        self.unexpected: dict[str, list[str]] = {}
 
     def _keys(self, prefix: str) -> dict[str, Any]:
         return {k[len(prefix):]: v for k, v in self.saved.items() if k.startswith(prefix)}
@@ -153,8 +159,8 @@ class _Plan:
                     and isinstance(saved[k], TensorStorageMetadata) and tuple(saved[k].size) != tuple(v.shape)]
         if strict and missing:
             self.problems.append(f"{what}: missing in the checkpoint: {_names(missing)}")
-        if strict and unexpected:
-            self.problems.append(f"{what}: in the checkpoint but not in this run: {_names(unexpected)}")
+        if strict and unexpected:  # judged over every rank: a pipeline rank holds only its stages' keys
+            self.unexpected[what] = unexpected
         if reshaped:
             self.problems.append(f"{what}: shapes differ: {_names(reshaped)}")
         for key, value in target.items():
@@ -198,6 +204,18 @@ class _Plan:
             else:
                 self.targets[key] = self._allocate(key)
 
+    def raise_unexpected(self, group: Group) -> None:
+        """Fail on checkpoint keys that no rank of this run loads (a collective)."""
+        seen = group.gather(self.unexpected)
+        problems = []
+        for what in dict.fromkeys(w for part in seen for w in part):
+            everywhere = set.intersection(*(set(part.get(what, ())) for part in seen))
+            keys = [k for part in seen for k in part.get(what, ()) if k in everywhere]
+            if keys:
+                problems.append(f"{what}: in the checkpoint but not in this run: {_names(list(dict.fromkeys(keys)))}")
+        if problems:
+            raise CheckpointError(f"{self.folder} does not fit this run:\n  " + "\n  ".join(problems))
+
     def raise_problems(self) -> None:
         if self.problems:
             raise CheckpointError(f"{self.folder} does not fit this run:\n  " + "\n  ".join(self.problems))
@@ -212,6 +230,8 @@ class _Plan:
         for j, prepared in enumerate(accelerator._optimizers):
             inner = getattr(prepared, "optimizer", prepared)
             info = state["optimizers"][j]
+            if info.get("engine"):
+                continue  # restored by the strategy's engine
             if not info["has_state"]:
                 inner.load_state_dict({"state": {}, "param_groups": decode(info["param_groups"])})
                 continue
@@ -220,6 +240,8 @@ class _Plan:
             OptimizerState(inner, optimizer_owner(inner, accelerator._models)).load_state_dict(values, self.groups[j])
         source = self.targets.__getitem__
         for i, scheduler in enumerate(accelerator._schedulers):
+            if state["schedulers"][i] is None:
+                continue  # restored by the strategy's engine
             scheduler.load_state_dict(decode(state["schedulers"][i], source, allow_pickle, f"scheduler_{i}"))
         for i, obj in enumerate(accelerator._custom_objects):
             obj.load_state_dict(decode(state["custom_objects"][i], source, allow_pickle, f"custom_{i}"))

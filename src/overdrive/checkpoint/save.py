@@ -75,6 +75,13 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
         except Exception as exc:  # noqa: BLE001 - reported on every rank
             error, flat, summary = exc, {}, {}
         group.check(error, f"save_state({str(target)!r}) could not collect the training state")
+        engine = engine_of(accelerator)
+        if engine is not None:  # inside the temporary folder, so the manifest covers its files
+            try:
+                engine.save(temporary, list(accelerator._models))
+            except Exception as exc:  # noqa: BLE001 - reported on every rank
+                error = exc
+            group.check(error, f"save_state({str(target)!r}): the engine could not save its state")
         writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True, thread_count=1)
         metadata = run_dcp(lambda: dcp.save(flat, storage_writer=writer,
                                             planner=DefaultSavePlanner(flatten_state_dict=False),
@@ -138,8 +145,16 @@ def _prepare_folder(accelerator: Any, group: Group, temporary: Path, token: str)
     return (group.rank == 0, False) if shared else (local_main, True)
 
 
+def engine_of(accelerator: Any) -> Any:
+    """The strategy's engine checkpoint (DeepSpeed), which saves the objects it ``owns`` itself; or None."""
+    return getattr(getattr(accelerator, "strategy", None), "engine_checkpoint", None)
+
+
 def _write_json_parts(accelerator: Any, group: Group, folder: Path, kept: list[int]) -> tuple[dict, dict]:
     """Write ``rank_<r>.json`` (and ``state.json`` on rank 0); return DCP's flat state dict and a summary."""
+    engine = engine_of(accelerator)
+    owned = engine.owns if engine is not None else lambda obj: False
+    kept = [i for i in kept if not owned(accelerator._models[i])]
     flat: dict[str, Any] = {}
     model_keys = []
     for i in kept:
@@ -148,6 +163,9 @@ def _write_json_parts(accelerator: Any, group: Group, folder: Path, kept: list[i
         model_keys.append(list(state))
     optimizers = []
     for j, prepared in enumerate(accelerator._optimizers):
+        if owned(prepared):
+            optimizers.append({"has_state": False, "engine": True})
+            continue
         inner = getattr(prepared, "optimizer", prepared)
         adapter = OptimizerState(inner, optimizer_owner(inner, accelerator._models))
         if adapter.has_state:
@@ -189,7 +207,7 @@ def _write_json_parts(accelerator: Any, group: Group, folder: Path, kept: list[i
                      "num_steps": accelerator.gradient_accumulation_steps,
                      "iteration": accelerator.project_configuration.iteration + 1},
         "models": kept, "model_keys": model_keys, "optimizers": optimizers,
-        "schedulers": [encode(s.state_dict(), sink(f"scheduler_{i}"), f"scheduler_{i}", pickled)
+        "schedulers": [None if owned(s) else encode(s.state_dict(), sink(f"scheduler_{i}"), f"scheduler_{i}", pickled)
                        for i, s in enumerate(accelerator._schedulers)],
         "scaler": encode(scaler_state) if scaler_state else None,
         "dataloaders": [encode(loader_record(loader)) for loader in accelerator._dataloaders],

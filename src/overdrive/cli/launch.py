@@ -76,6 +76,119 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(dist, "tee", "-t", metavar="STREAMS",
              help="torchrun's --tee: 1 stdout, 2 stderr, 3 both, to log files and the console with a prefix")
     add_flag(dist, "role", metavar="NAME", default="default", help="torchrun's worker role name")
+    _add_plugin_flags(parser)
+
+
+def _bool_value(key: str, value: Any) -> tuple[Any, str | None]:
+    return cf._bool(key, value)
+
+
+def _stage(key: str, value: Any) -> tuple[Any, str | None]:
+    number, problem = cf._int(minimum=0)(key, value)
+    if problem is None and number > 3:
+        problem = f"{key}: {number} is not a ZeRO stage; choose 0, 1, 2 or 3"
+    return number, problem
+
+
+def _fsdp_version(key: str, value: Any) -> tuple[Any, str | None]:
+    number, problem = cf._int(minimum=1)(key, value)
+    if problem is None and number > 2:
+        problem = f"{key}: {number} is not valid; choose 1 or 2 (both run on FSDP2)"
+    return number, problem
+
+
+_OFFLOAD = cf._choice(("none", "cpu", "nvme"))
+#: DeepSpeed flags -> (checker, help); each is the key of the same name in the config file's deepspeed_config
+DEEPSPEED_FLAGS: dict[str, tuple[cf.Checker, str]] = {
+    "deepspeed_config_file": (cf._text, "DeepSpeed's JSON config; its \"auto\" values are filled by overdrive"),
+    "zero_stage": (_stage, "ZeRO stage: 0, 1, 2 (default) or 3"),
+    "offload_optimizer_device": (_OFFLOAD, "offload the optimizer state: none, cpu or nvme (ZeRO 1-3)"),
+    "offload_param_device": (_OFFLOAD, "offload the parameters: none, cpu or nvme (ZeRO-3)"),
+    "offload_optimizer_nvme_path": (cf._text, "folder for the optimizer offloaded to NVMe"),
+    "offload_param_nvme_path": (cf._text, "folder for the parameters offloaded to NVMe"),
+    "gradient_clipping": (cf._float, "clip gradients to this global norm (DeepSpeed's default: 1.0; 0: off)"),
+    "zero3_init_flag": (_bool_value, "build models already sharded under ZeRO-3 (deepspeed.zero.Init)"),
+    "zero3_save_16bit_model": (_bool_value, "ZeRO-3: gather 16-bit weights when DeepSpeed saves the model"),
+    "deepspeed_moe_layer_cls_names": (cf._text, "mixture-of-experts layer classes, comma-separated"),
+    "deepspeed_multinode_launcher": (cf._text, "accepted for Accelerate: torchrun starts every machine's processes "
+                                               "(run overdrive launch on each machine)"),
+    "deepspeed_hostfile": (cf._text, "accepted for Accelerate; not used (see --deepspeed_multinode_launcher)"),
+    "deepspeed_exclusion_filter": (cf._text, "accepted for Accelerate; not used"),
+    "deepspeed_inclusion_filter": (cf._text, "accepted for Accelerate; not used"),
+}
+#: FSDP flags -> (checker, help); each is the key of the same name in the config file's fsdp_config
+FSDP_FLAGS: dict[str, tuple[cf.Checker, str]] = {
+    "fsdp_version": (_fsdp_version, "1 or 2 (both run on FSDP2's fully_shard)"),
+    "fsdp_sharding_strategy": (cf._text, "FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or HYBRID_SHARD_ZERO2"),
+    "fsdp_reshard_after_forward": (cf._text, "true (free gathered weights after forward) or false"),
+    "fsdp_auto_wrap_policy": (cf._text, "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP"),
+    "fsdp_transformer_layer_cls_to_wrap": (cf._text, "classes that get their own shard group, comma-separated"),
+    "fsdp_min_num_params": (cf._int(minimum=0), "SIZE_BASED_WRAP: parameters of a module with its own group"),
+    "fsdp_offload_params": (_bool_value, "keep sharded parameters, gradients and optimizer state on the CPU"),
+    "fsdp_state_dict_type": (cf._text, "SHARDED_STATE_DICT or FULL_STATE_DICT"),
+    "fsdp_activation_checkpointing": (_bool_value, "recompute each wrapped block's activations in backward"),
+    "fsdp_cpu_ram_efficient_loading": (_bool_value, "only rank 0 holds the full weights before sharding"),
+    "fsdp_sync_module_states": (_bool_value, "broadcast rank 0's weights before sharding"),
+    "fsdp_backward_prefetch": (cf._text, "accepted (an FSDP1 setting; FSDP2 prefetches by itself)"),
+    "fsdp_forward_prefetch": (_bool_value, "accepted (an FSDP1 setting)"),
+    "fsdp_use_orig_params": (_bool_value, "accepted (an FSDP1 setting)"),
+}
+
+
+def _add_plugin_flags(parser: argparse.ArgumentParser) -> None:
+    ds = parser.add_argument_group("DeepSpeed (Accelerate's flags; also the config file's deepspeed_config keys)")
+    add_flag(ds, "use_deepspeed", action="store_true", default=None, help="train with DeepSpeed ZeRO")
+    for name, (checker, text) in DEEPSPEED_FLAGS.items():
+        extra: dict[str, Any] = {"nargs": "?", "const": "true"} if checker is _bool_value else {}
+        add_flag(ds, name, metavar="VALUE", help=text, **extra)
+    fsdp = parser.add_argument_group("FSDP (Accelerate's flags; also the config file's fsdp_config keys)")
+    add_flag(fsdp, "use_fsdp", action="store_true", default=None, help="train with fully sharded data parallel")
+    for name, (checker, text) in FSDP_FLAGS.items():
+        extra = {"nargs": "?", "const": "true"} if checker is _bool_value else {}
+        add_flag(fsdp, name, metavar="VALUE", help=text, **extra)
+
+
+def _plugin_config(args: argparse.Namespace, config: dict[str, Any], source: cf.ConfigSource,
+                   problems: list[str]) -> dict[str, Any]:
+    """``distributed_type`` and the ``deepspeed_config`` / ``fsdp_config`` the workers get: the config file's,
+    with the flags given on top, checked here so that a mistake stops the launch, not every worker."""
+    use_deepspeed, use_fsdp = bool(_given(args, "use_deepspeed")), bool(_given(args, "use_fsdp"))
+    if use_deepspeed and use_fsdp:
+        problems.append("--use_deepspeed and --use_fsdp cannot be used together; choose one")
+        return {}
+    kind = "DEEPSPEED" if use_deepspeed else "FSDP" if use_fsdp else str(config.get("distributed_type") or "")
+    out: dict[str, Any] = {"distributed_type": kind} if use_deepspeed or use_fsdp else {}
+    for section, flags, wanted, switch in (("deepspeed_config", DEEPSPEED_FLAGS, "DEEPSPEED", "--use_deepspeed"),
+                                           ("fsdp_config", FSDP_FLAGS, "FSDP", "--use_fsdp")):
+        given = {name: _given(args, name) for name in flags if _given(args, name) is not None}
+        if given and kind != wanted:
+            names = ", ".join(f"--{name}" for name in given)
+            problems.append(f"{names} {'is a flag' if len(given) == 1 else 'are flags'} of {wanted}: add {switch} "
+                            f"(or distributed_type: {wanted} in the config file{f' {source.path}' if source.path else ''})")
+            continue
+        if kind != wanted:
+            continue
+        values = dict(config.get(section) or {})
+        for name, raw in given.items():
+            values[name] = _check(flags[name][0], f"--{name}", raw, problems)
+        if values.get("deepspeed_config_file"):  # the workers may start elsewhere
+            values["deepspeed_config_file"] = str(Path(values["deepspeed_config_file"]).expanduser().absolute())
+        out[section] = values
+        problems.extend(_plugin_problems(section, values))
+    return out
+
+
+def _plugin_problems(section: str, values: dict[str, Any]) -> list[str]:
+    """What the plugin built from ``values`` in each worker would refuse."""
+    from overdrive.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    try:
+        if section == "fsdp_config":
+            FullyShardedDataParallelPlugin.from_config_dict(values)
+            return []
+        return [f"DeepSpeed: {problem}" for problem in DeepSpeedPlugin.from_config_dict(values).problems()]
+    except (ValueError, TypeError, OSError) as exc:
+        return [f"{'FSDP' if section == 'fsdp_config' else 'DeepSpeed'}: {exc}"]
 
 
 def add_parser(sub: Any) -> None:
@@ -166,6 +279,7 @@ def resolve(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
 
     if not problems:
         _check_together(num_processes, num_machines, machine_rank, ip, port, interval, problems)
+    plugin_config = _plugin_config(args, config, source, problems)
     command = _command(args, problems)
     if problems:
         raise UsageError(problems)
@@ -175,6 +289,7 @@ def resolve(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     if not cpu and gpu_ids.value != "all" and device_type in DEVICE_VARIABLES:
         visible[DEVICE_VARIABLES[device_type]] = gpu_ids.value
     worker_config = {key: config[key] for key in PASSTHROUGH_KEYS if key in config}
+    worker_config.update(plugin_config)
     worker_config.update(
         cpu=cpu, mixed_precision=precision.value, gradient_accumulation_steps=accumulation.value,
         dynamo_backend=dynamo, debug=debug.value, num_processes=num_processes.value,

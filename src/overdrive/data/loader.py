@@ -112,6 +112,8 @@ class PreparedLoaderMixin:
         self._shard = shard  # holds even_batches and drop_last (a BatchSamplerShard or IterableDatasetShard)
         self._even_batches = True if shard is None else shard.even_batches
         self.device = device
+        # A DataLoader collates on the CPU: moving to the CPU would only walk each batch for nothing.
+        self._moves_batches = device is not None and torch.device(device).type != "cpu"
         self.non_blocking = non_blocking
         self.rng_types = list(rng_types or [])
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
@@ -236,7 +238,7 @@ class PreparedLoaderMixin:
         raise NotImplementedError
 
     def _place(self, batch: Any) -> Any:
-        if self.device is None:
+        if not self._moves_batches:
             return batch
         return send_to_device(batch, self.device, non_blocking=self.non_blocking)
 

@@ -19,7 +19,9 @@ import torch
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 #: flattened axes: name -> the axes it joins
 FLATTENED = {"dp": ("dp_replicate", "dp_shard"), "dp_shard_cp": ("dp_shard", "cp"),
-             "dp_cp": ("dp_replicate", "dp_shard", "cp")}
+             "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+             # the processes that hold the same pipeline stage (built only with a pp axis)
+             "dp_cp_tp": ("dp_replicate", "dp_shard", "cp", "tp")}
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,6 @@ def check_sizes(sizes: dict[str, int], world_size: int) -> list[str]:
     fills = [k for k, v in sizes.items() if v == -1]
     if len(fills) > 1:
         problems.append(f"only one size may be -1, got -1 for {', '.join(f'{k}_size' for k in fills)}")
-    if sizes.get("pp", 1) not in (1, -1) and "pp" not in bad:
-        problems.append(f"pp_size={sizes['pp']} asks for pipeline parallelism, which overdrive does not support "
-                        "yet; use pp_size=1")
     if bad or len(fills) > 1 or unknown:
         return problems
     product = math.prod(v for v in sizes.values() if v != -1)
@@ -116,6 +115,9 @@ class ParallelMesh:
     def __init__(self, dims: ParallelDims, device_type: str, global_rank: int = 0, build: bool = True) -> None:
         self.dims = dims
         self.device_type = device_type
+        #: the pipeline rank whose outputs count when results are gathered (the one holding the last stage;
+        #: a pipeline with a V-shaped schedule sets 0)
+        self.output_pp_rank = dims.pp - 1
         self.mesh: Any = None
         self._named: dict[str, Any] = {}
         # Ranks are laid out row-major over AXES (as init_device_mesh does): coordinates need no mesh.
@@ -135,6 +137,8 @@ class ParallelMesh:
         self._named = {axis: self.mesh[axis] for axis in axes}
         for name, parts in FLATTENED.items():
             present = tuple(a for a in parts if a in axes)
+            if name == "dp_cp_tp" and "pp" not in axes:
+                continue  # only a pipeline asks for it: no extra process group otherwise
             if len(present) == 1:
                 self._named[name] = self._named[present[0]]
             elif present:
@@ -185,8 +189,9 @@ class ParallelMesh:
 
     def owns_output(self) -> bool:
         """Whether this process speaks for its tensor-parallel group when results are gathered (tensor
-        parallel peers hold identical outputs: only the first of them contributes)."""
-        return self.rank("tp") == 0
+        parallel peers hold identical outputs: only the first of them contributes; of a pipeline, only the
+        rank holding the last stage has outputs)."""
+        return self.rank("tp") == 0 and self.rank("pp") == self.output_pp_rank
 
     def keep_own_share(self, data: Any) -> Any:
         """``data`` on processes that own their group's output; on their peers, empty slices of its tensors

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -26,6 +27,18 @@ class Strategy(Protocol):
     #: True when ``wrap_model`` itself places the model, applies precision and compilation (in the fixed
     #: order of the model transforms); the Accelerator then does none of them.
     applies_transforms: bool
+    #: an engine that keeps the state of the models, optimizers and schedulers it owns in its own checkpoint
+    #: format (DeepSpeed), saved into and loaded from the checkpoint folder; None for the others.
+    engine_checkpoint: EngineCheckpoint | None
+
+    def prepare_together(self, objects: list[Any]) -> list[Any]:
+        """Everything given to one ``prepare()`` call, before each object is prepared on its own; returns the
+        list with the objects this strategy builds together replaced (DeepSpeed: model, optimizer and
+        scheduler become an engine, its optimizer and its scheduler). Identity for the others."""
+
+    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        """Back-propagate ``loss`` (already divided over the accumulation window): ``precision.backward``,
+        or an engine's backward, which also steps at the end of a window (``sync_gradients``)."""
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """The model as it trains under this strategy (already on the right device)."""
@@ -47,11 +60,29 @@ class Strategy(Protocol):
         """The optimizer pointed at the parameters the wrapped ``models`` train (sharding replaces them)."""
 
 
+class EngineCheckpoint(Protocol):
+    """A strategy's engine state inside a checkpoint folder (see ``Strategy.engine_checkpoint``)."""
+
+    def owns(self, obj: Any) -> bool:
+        """Whether the engine saves the state of ``obj`` (a prepared model, optimizer or scheduler)."""
+
+    def save(self, folder: Path, models: list[nn.Module]) -> None:
+        """Write the engines' state into ``folder`` (still the temporary one); every rank calls it."""
+
+    def load(self, folder: Path, models: list[nn.Module], allow_pickle: bool = False) -> None:
+        """Restore what ``save`` wrote; every rank calls it."""
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """``model``'s full weights on the CPU by the user's names (rank 0 at least); every rank calls it."""
+
+
 # name -> "module:attribute", imported on first use so unused strategies cost nothing at import.
 _REGISTRY: dict[str, str | Callable[..., Strategy]] = {
     "single": "overdrive.strategies.single:SingleDeviceStrategy",
     "ddp": "overdrive.strategies.ddp:DDPStrategy",
     "fsdp2": "overdrive.strategies.fsdp2:FSDP2Strategy",
+    "deepspeed": "overdrive.strategies.deepspeed:DeepSpeedStrategy",
+    "pipeline": "overdrive.strategies.pipeline:PipelineStrategy",
 }
 
 

@@ -19,17 +19,22 @@ class DDPStrategy:
     name = "ddp"
     distributed_type = None
     applies_transforms = False
+    engine_checkpoint = None
 
-    def __init__(self, device: torch.device, ddp: DistributedDataParallelKwargs | None = None, **_: Any) -> None:
+    def __init__(self, device: torch.device, ddp: DistributedDataParallelKwargs | None = None,
+                 process_group: Any = None, **_: Any) -> None:
         self.device = device
         self.options = ddp or DistributedDataParallelKwargs()
+        #: the processes that replicate the model (None: all of them; a pipeline gives its stage's peers)
+        self.process_group = process_group
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (e.g. a frozen model used for evaluation)
         device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.options.ddp_kwargs())
-        hook = _comm_hook(self.options)
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=self.process_group,
+                                          **self.options.ddp_kwargs())
+        hook = _comm_hook(self.options, self.process_group)
         if hook is not None:
             wrapped.register_comm_hook(*hook)
         return wrapped
@@ -62,6 +67,12 @@ class DDPStrategy:
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
         return optimizer  # the wrapped model trains the user's own parameters
 
+    def prepare_together(self, objects: list[Any]) -> list[Any]:
+        return objects  # each object is prepared on its own
+
+    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        precision.backward(loss, **kwargs)
+
 
 def compress_hook(dtype: torch.dtype) -> Callable:
     """All-reduce each gradient bucket in ``dtype`` (works on gloo, unlike torch's bf16 hook)."""
@@ -82,15 +93,15 @@ def compress_hook(dtype: torch.dtype) -> Callable:
     return hook
 
 
-def _comm_hook(options: DistributedDataParallelKwargs) -> tuple[Any, Callable] | None:
+def _comm_hook(options: DistributedDataParallelKwargs, group: Any = None) -> tuple[Any, Callable] | None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     kind, wrapper = Hook(options.comm_hook), Hook(options.comm_wrapper)
     if kind == Hook.NO:
         return None
     if kind in (Hook.FP16, Hook.BF16):
-        return None, compress_hook(torch.float16 if kind == Hook.FP16 else torch.bfloat16)
-    state = powerSGD_hook.PowerSGDState(process_group=None, **options.comm_state_option)
+        return group, compress_hook(torch.float16 if kind == Hook.FP16 else torch.bfloat16)
+    state = powerSGD_hook.PowerSGDState(process_group=group, **options.comm_state_option)
     hook = powerSGD_hook.powerSGD_hook if kind == Hook.POWER_SGD else powerSGD_hook.batched_powerSGD_hook
     if wrapper == Hook.FP16:
         hook = default_hooks.fp16_compress_wrapper(hook)

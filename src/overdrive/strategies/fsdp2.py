@@ -28,6 +28,7 @@ class FSDP2Strategy:
     name = "fsdp2"
     #: wrap_model places the model, applies precision and compilation itself, in the transforms' order.
     applies_transforms = True
+    engine_checkpoint = None
 
     def __init__(self, device: torch.device, mesh: ParallelMesh, precision: Any,
                  fsdp: FullyShardedDataParallelPlugin | None = None, tp: TorchTensorParallelPlugin | None = None,
@@ -97,6 +98,12 @@ class FSDP2Strategy:
             raise ValueError("prepare() got an optimizer that has already stepped: its state belongs to the "
                              "unsharded parameters; prepare the optimizer before its first step")
         return new
+
+    def prepare_together(self, objects: list[Any]) -> list[Any]:
+        return objects  # each object is prepared on its own
+
+    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        precision.backward(loss, **kwargs)
 
     # -- gradient synchronisation ------------------------------------------------------------------
     @contextlib.contextmanager

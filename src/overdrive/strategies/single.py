@@ -14,6 +14,7 @@ class SingleDeviceStrategy:
     name = "single"
     distributed_type = None
     applies_transforms = False
+    engine_checkpoint = None
 
     def __init__(self, **_: Any) -> None:
         pass
@@ -36,3 +37,9 @@ class SingleDeviceStrategy:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
         return optimizer  # the wrapped model trains the user's own parameters
+
+    def prepare_together(self, objects: list[Any]) -> list[Any]:
+        return objects  # each object is prepared on its own
+
+    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        precision.backward(loss, **kwargs)

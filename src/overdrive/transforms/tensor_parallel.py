@@ -82,9 +82,10 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList) or len(module) <= len(best):
             continue
-        items = list(module)
-        if len({type(m) for m in items}) == 1 and any(is_projection(m) for m in items[0].modules()):
-            best = [(f"{name}.{i}" if name else str(i), m) for i, m in enumerate(items)]
+        # parameter-free items are not blocks (a pipeline stage keeps placeholders for other stages' blocks)
+        items = [(key, m) for key, m in module._modules.items() if m is not None and any(True for _ in m.parameters())]
+        if items and len({type(m) for _, m in items}) == 1 and any(is_projection(m) for m in items[0][1].modules()):
+            best = [(f"{name}.{key}" if name else key, m) for key, m in items]
     return best
 
 

@@ -11,7 +11,8 @@ from typing import Any
 _CONFIG = ("DistributedType", "PrecisionType", "RNGType", "LoggerType", "DDPCommunicationHookType",
            "KwargsHandler", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
            "AutocastKwargs", "ProfileKwargs", "DataLoaderConfiguration", "GradientAccumulationPlugin",
-           "ProjectConfiguration", "FullyShardedDataParallelPlugin", "ParallelismConfig", "TorchTensorParallelPlugin")
+           "ProjectConfiguration", "FullyShardedDataParallelPlugin", "ParallelismConfig", "TorchTensorParallelPlugin",
+           "DeepSpeedPlugin", "MegatronLMPlugin")
 _OPS = ("gather", "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes",
         "send_to_device", "recursively_apply", "concatenate", "convert_to_fp32", "find_batch_size",
         "find_device", "listify", "slice_tensors", "honor_type", "is_torch_tensor")
@@ -31,6 +32,9 @@ _EXPORTS: dict[str, str] = {
     "release_memory": "overdrive.utils.memory",
     "clear_device_cache": "overdrive.utils.memory",
     "skip_first_batches": "overdrive.data",
+    "DummyOptim": "overdrive.deepspeed.objects",
+    "DummyScheduler": "overdrive.deepspeed.objects",
+    "get_active_deepspeed_plugin": "overdrive.deepspeed.objects",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,119 @@
+"""The resolver's part of DeepSpeed: which plugins a run has, and the mixed precision and accumulation
+steps that fill their "auto" values, with every conflict against the Accelerator's own arguments."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+from overdrive.deepspeed.config import _MISSING, AUTO, get_path
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """What the resolver decided for a DeepSpeed run: the plugins by name (the selected one builds the next
+    engine), and the run's mixed precision and accumulation steps that fill their "auto" values."""
+
+    plugins: dict[str, Any]
+    mixed_precision: str = "no"
+    accumulation_steps: int = 1
+    split_batches: bool = False
+    #: this process's index on its machine (DeepSpeed reads it from LOCAL_RANK, which SLURM or MPI may not set)
+    local_rank: int = 0
+
+    def selected(self) -> Any:
+        return next((p for p in self.plugins.values() if p.selected), next(iter(self.plugins.values())))
+
+
+def _precision_problems(config: dict[str, Any], asked: str | None, source: str) -> tuple[str | None, list[str]]:
+    """The precision the config turns on (None: it leaves it to the Accelerator), and its conflicts."""
+    found = []
+    if "bfloat16" in config and "bf16" not in config:  # DeepSpeed's other name for the bf16 block
+        config["bf16"] = config.pop("bfloat16")
+    turned_on = [name for name in ("bf16", "fp16") if get_path(config, f"{name}.enabled") is True]
+    if len(turned_on) > 1:
+        found.append(f"{source} turns on both bf16 and fp16; turn on one")
+    if asked == "fp8":
+        found.append("mixed_precision='fp8' cannot run with DeepSpeed in overdrive; use 'bf16' or 'fp16'")
+    elif asked and turned_on and turned_on[0] != asked:
+        found.append(f"mixed_precision={asked!r} (Accelerator) conflicts with {turned_on[0]}.enabled=true in "
+                     f"{source}; give the precision in one place, or write \"enabled\": \"auto\"")
+    elif asked and get_path(config, f"{asked}.enabled") is False:
+        found.append(f"mixed_precision={asked!r} (Accelerator) conflicts with {asked}.enabled=false in {source}")
+    return (turned_on[0] if turned_on else None), found
+
+
+def settle(plugins: dict[str, Any], mixed_precision: str | None, accumulation: int | None,
+           errors: list[str]) -> tuple[str, int]:
+    """Check every plugin against the Accelerator's explicit values (``None``: not given) and return the
+    run's mixed precision and accumulation steps (the first plugin's, when the Accelerator gave none)."""
+    asked = None if mixed_precision in (None, "no") else str(mixed_precision).lower()
+    settled: tuple[str, int] | None = None
+    for name, plugin in plugins.items():
+        prefix = f"deepspeed_plugins[{name!r}]: " if len(plugins) > 1 else ""
+        config, source = plugin.deepspeed_config, plugin.config_source
+        problems = plugin.problems()
+        precision, found = _precision_problems(config, asked, source)
+        problems += found
+        steps = config.get("gradient_accumulation_steps", _MISSING)
+        if steps in (_MISSING, AUTO):
+            steps = accumulation or 1
+        elif not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            problems.append(f"gradient_accumulation_steps={steps!r} in {source} is not valid; it must be an integer >= 1")
+            steps = 1
+        elif accumulation is not None and steps != accumulation:
+            problems.append(f"gradient_accumulation_steps={accumulation} (Accelerator) conflicts with "
+                            f"gradient_accumulation_steps={steps} in {source}; give it in one place, or write \"auto\"")
+        errors.extend(prefix + problem for problem in problems)
+        if settled is None:
+            settled = (precision or asked or "no", steps)
+    assert settled is not None
+    return settled
+
+
+def resolve_deepspeed(plugin: Any, plugins: Any, launched: dict[str, Any], *, mixed_precision: str | None,
+                      explicit_steps: int | None, split_batches: bool, others: dict[str, Any],
+                      errors: list[str], local_rank: int = 0) -> DeepSpeedSettings | None:
+    """The DeepSpeed settings of a run (None without DeepSpeed): the plugins given to the Accelerator, or the
+    launch config's ``deepspeed_config`` when it says ``distributed_type: DEEPSPEED``. ``others`` names the
+    other parallelism settings given (``{"fsdp_plugin": ...}``), which cannot be combined with DeepSpeed.
+    Problems are appended to ``errors``."""
+    from overdrive.config import DeepSpeedPlugin
+
+    if plugin is not None and plugins is not None:
+        errors.append("deepspeed_plugin and deepspeed_plugins were both given; give one (they are two names for the "
+                      "same argument)")
+    given = plugins if plugins is not None else plugin
+    if given is None and str(launched.get("distributed_type", "")).upper() == "DEEPSPEED":
+        try:
+            given = DeepSpeedPlugin.from_config_dict(launched.get("deepspeed_config") or {})
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            errors.append(f"the launch config's deepspeed_config: {exc}")
+            return None
+    if given is None:
+        return None
+    named = {"default": given} if isinstance(given, DeepSpeedPlugin) else given
+    if not isinstance(named, dict) or not named or not all(isinstance(p, DeepSpeedPlugin) for p in named.values()):
+        errors.append(f"deepspeed_plugin(s)={given!r} is neither a DeepSpeedPlugin nor a non-empty dict of name -> "
+                      "DeepSpeedPlugin")
+        return None
+    for name, value in others.items():
+        if value is not None:
+            errors.append(f"DeepSpeed (deepspeed_plugin) and {name} were both given; DeepSpeed shards over all "
+                          f"processes itself: give one of them")
+    if not _importable("deepspeed"):
+        errors.append("DeepSpeed was asked for but the 'deepspeed' package cannot be imported; install it with: "
+                      "pip install 'overdrive[deepspeed]' (or pip install deepspeed)")
+    for index, each in enumerate(named.values()):  # the first is selected, as in Accelerate
+        each.selected = index == 0
+    precision, steps = settle(named, mixed_precision, explicit_steps, errors)
+    return DeepSpeedSettings(plugins=named, mixed_precision=precision, accumulation_steps=steps,
+                             split_batches=split_batches, local_rank=local_rank)
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False

@@ -1,0 +1,151 @@
+"""Pipeline parallel: the model cut into stages over the mesh's ``pp`` axis, each stage wrapped by another
+strategy (single, DDP over ``dp_replicate``, or FSDP2 / HSDP / tensor parallel) over the other axes.
+
+This strategy does what is specific to a pipeline - cutting the model, the global gradient norm across
+stages, the optimizer restricted to this rank's stages - and hands every stage to the stage strategy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from overdrive.config import DistributedType, FullyShardedDataParallelPlugin, PipelineConfig
+from overdrive.runtime.mesh import ParallelMesh
+from overdrive.strategies.base import create_strategy
+from overdrive.transforms.pipeline import PipelinedModel, apply_pipeline
+from overdrive.transforms.pipeline_schedule import PipelineSettings, default_stages_per_rank, schedule_name
+
+
+class PipelineStrategy:
+    name = "pipeline"
+    #: wrap_model places, casts and wraps every stage itself
+    applies_transforms = True
+    engine_checkpoint = None
+
+    def __init__(self, device: torch.device, mesh: ParallelMesh, precision: Any,
+                 pipeline: PipelineConfig | None = None, stage_strategy: str = "single",
+                 loss_divisor: Callable[[], int] | None = None, fsdp: FullyShardedDataParallelPlugin | None = None,
+                 dynamo_backend: str | None = None, **kwargs: Any) -> None:
+        self.device, self.mesh, self.precision = device, mesh, precision
+        self.dynamo_backend = dynamo_backend
+        config = pipeline or PipelineConfig()
+        name = schedule_name(config.schedule) or config.schedule
+        spr = config.stages_per_rank or default_stages_per_rank(name)
+        pp = mesh.get("pp")
+        self.settings = PipelineSettings(
+            schedule=name, num_microbatches=config.num_microbatches or mesh.size("pp") * spr, stages_per_rank=spr,
+            device=device, pp_size=mesh.size("pp"), pp_rank=mesh.rank("pp"),
+            pp_group=pp.get_group() if pp is not None else None, split_points=config.split_points,
+            balance=config.balance, loss_fn=config.loss_fn, loss_divisor=loss_divisor or (lambda: 1),
+            speaks_for_stage=mesh.rank("dp_cp_tp") == 0, mesh=mesh)
+        mesh.output_pp_rank = self.settings.last_stage_rank
+        # Each stage is made equal over the processes holding it (and tied weights over their stages) once
+        # it is on the device; the stage strategy then has nothing to synchronise.
+        self.sync_module_states = fsdp.sync_module_states if fsdp is not None else True
+        fsdp = dataclasses.replace(fsdp or FullyShardedDataParallelPlugin(), sync_module_states=False)
+        group = mesh.get("dp")
+        self.stage_strategy = create_strategy(
+            stage_strategy, device=device, mesh=mesh, precision=precision, fsdp=fsdp, dynamo_backend=dynamo_backend,
+            process_group=group.get_group() if group is not None else None, **kwargs)
+        self.settings.no_sync = self.stage_strategy.no_sync
+        self._models: list[PipelinedModel] = []
+        self._hooks: list[Any] = []
+        # ids of the parameters of the models cut into stages, and of those this rank's stages hold
+        self._cut: set[int] = set()
+        self._mine: set[int] = set()
+
+    @property
+    def distributed_type(self) -> DistributedType | None:
+        return self.stage_strategy.distributed_type
+
+    # -- the model ---------------------------------------------------------------------------------
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        self._cut |= {id(p) for p in model.parameters()}
+        settings = dataclasses.replace(self.settings)  # each model its own cut and tied weights
+        pipelined = apply_pipeline(model, settings, lambda stage: self._wrap_stage(stage, settings))
+        self._models.append(pipelined)
+        return pipelined
+
+    def _wrap_stage(self, stage: nn.Module, settings: PipelineSettings) -> nn.Module:
+        self._mine |= {id(p) for p in stage.parameters()}
+        stage.to(self.device)  # the stage only: the rest of the model stays where it was built
+        if self.sync_module_states:
+            from overdrive.transforms.pipeline_ties import broadcast_stage
+
+            stage_group = self.mesh.get("dp_cp_tp")
+            broadcast_stage(stage, stage_group.get_group() if stage_group is not None else None, settings.ties)
+        if self.stage_strategy.applies_transforms:
+            return self.stage_strategy.wrap_model(stage)
+        self._hooks += self.precision.attach(stage)
+        if self.dynamo_backend:
+            from overdrive.transforms.tensor_parallel import find_blocks
+
+            for _, block in find_blocks(stage):
+                block.compile(backend=self.dynamo_backend)
+        return self.stage_strategy.wrap_model(stage)
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The user's model class holding this rank's (first) stage."""
+        return model.stage_models[0] if isinstance(model, PipelinedModel) else model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
+        """Keep only the parameters of this rank's stages, then let the stage strategy re-point them."""
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if id(p) not in self._cut or id(p) in self._mine]
+        return self.stage_strategy.prepare_optimizer(optimizer, models)
+
+    def prepare_together(self, objects: list[Any]) -> list[Any]:
+        return objects  # each object is prepared on its own
+
+    # -- gradients ---------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        # The pipelined model's forward already ran the backward of its loss (whose autograd node is then a
+        # no-op); other terms added to the loss outside the model still back-propagate here.
+        precision.backward(loss, **kwargs)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        # torch's schedules reduce gradients at the end of every step; reducing a sum of steps again is
+        # still exact (the reduction is linear), so accumulation needs no special case.
+        return contextlib.nullcontext()
+
+    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float) -> torch.Tensor:
+        """Clip by the norm of the whole model's gradient: this rank's stages' norm (reduced over their
+        data- and tensor-parallel peers), combined over the pipeline ranks."""
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        from overdrive.strategies.fsdp2 import _by_mesh, total_grad_norm
+        from overdrive.transforms.pipeline_ties import counted_elsewhere
+
+        groups = _by_mesh([p for p in parameters if p.grad is not None])
+        again = {i for m in self._models for i in counted_elsewhere(m, m.settings.ties, m.settings.pp_rank)}
+        local = total_grad_norm([p.grad for group in groups for p in group if id(p) not in again], norm_type)
+        total = combine_norms(local.to(self.device), float(norm_type), self.settings.pp_group)
+        with implicit_replication():
+            for group in groups:
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total
+
+
+def combine_norms(local: torch.Tensor, norm_type: float, group: Any) -> torch.Tensor:
+    """The norm of the union of disjoint gradient sets, from each pipeline rank's norm of its own set."""
+    if group is None:
+        return local
+    if math.isinf(norm_type):
+        value = local.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        return value
+    value = local.double().pow(norm_type)
+    dist.all_reduce(value, group=group)
+    return value.pow(1.0 / norm_type).to(local.dtype)

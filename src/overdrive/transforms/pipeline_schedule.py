@@ -1,0 +1,211 @@
+"""Pipeline schedules by name: which stages a rank holds, the checks on the settings, and the idle share
+("bubble") of a schedule computed from its action list.
+
+The schedules are ``torch.distributed.pipelining``'s. Two families:
+
+- one stage per rank: ``GPipe``, ``1F1B``;
+- several stages per rank: looped (stage ``s`` on rank ``s % pp``) ``Interleaved1F1B``, ``LoopedBFS``,
+  ``InterleavedZeroBubble``; V-shaped (rank ``r`` holds stages ``r`` and ``2 pp - 1 - r``, so the first
+  and last stage share rank 0) ``ZBVZeroBubble``, ``DualPipeV``, which need exactly two stages per rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from overdrive.transforms.pipeline_split import StageLayout
+
+SINGLE = ("GPipe", "1F1B")
+LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+SCHEDULES = SINGLE + LOOPED + V_SHAPED
+
+
+def schedule_name(name: str) -> str | None:
+    """The canonical spelling of a schedule name given in any case, or None if unknown."""
+    return {n.lower(): n for n in SCHEDULES}.get(str(name).lower())
+
+
+def default_stages_per_rank(name: str) -> int:
+    return 1 if name in SINGLE else 2
+
+
+def stage_style(name: str) -> str:
+    return "v" if name in V_SHAPED else "loop"
+
+
+def stage_to_rank(num_ranks: int, num_stages: int, style: str) -> dict[int, int]:
+    """Stage index -> pipeline rank holding it ("loop": round robin; "v": down then back up)."""
+    if style == "loop":
+        return {s: s % num_ranks for s in range(num_stages)}
+    mapping, rank = {}, 0
+    for s in range(num_stages):
+        mapping[s] = rank
+        if (s + 1) % num_ranks:
+            rank += 1 if (s // num_ranks) % 2 == 0 else -1
+    return mapping
+
+
+def local_stages(rank: int, num_ranks: int, stages_per_rank: int, style: str) -> list[int]:
+    """The stage indices pipeline rank ``rank`` holds, in increasing order."""
+    mapping = stage_to_rank(num_ranks, num_ranks * stages_per_rank, style)
+    return sorted(s for s, r in mapping.items() if r == rank)
+
+
+def schedule_problems(schedule: Any, num_microbatches: Any, stages_per_rank: Any, pp_size: int) -> list[str]:
+    """Every problem with the schedule settings, each naming the value and what to give instead."""
+    name = schedule_name(schedule)
+    if name is None:
+        return [f"schedule={schedule!r} is not a pipeline schedule; choose one of {list(SCHEDULES)}"]
+    problems = []
+    spr = default_stages_per_rank(name) if stages_per_rank is None else stages_per_rank
+    if not isinstance(spr, int) or isinstance(spr, bool) or spr < 1:
+        return [f"stages_per_rank={stages_per_rank!r} is not valid; give an integer >= 1"]
+    if name in SINGLE and spr != 1:
+        problems.append(f"schedule {name!r} runs one stage per rank, but stages_per_rank={spr}; use "
+                        f"stages_per_rank=1 or a multi-stage schedule ({', '.join(LOOPED + V_SHAPED)})")
+    if name in V_SHAPED and spr != 2:
+        problems.append(f"schedule {name!r} needs exactly 2 stages per rank, got stages_per_rank={spr}")
+    num_stages = pp_size * spr
+    n = num_stages if num_microbatches is None else num_microbatches
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return [*problems, f"num_microbatches={num_microbatches!r} is not valid; give an integer >= 1"]
+    if name == "DualPipeV" and n < num_stages:
+        problems.append(f"DualPipeV needs at least as many micro-batches as stages ({num_stages}), got "
+                        f"num_microbatches={n}")
+    if name in LOOPED:
+        rounds = max(1, n // pp_size)
+        if n % rounds:
+            problems.append(f"{name} with pp_size={pp_size} needs num_microbatches to be a multiple of "
+                            f"{rounds} (num_microbatches // pp_size), got {n}; e.g. use {rounds * pp_size}")
+    return problems
+
+
+#: time units of each kind of compute action in ``bubble_fraction`` (a full backward is input + weight)
+COSTS = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}
+
+
+def bubble_fraction(pipeline_order: dict[int, list[Any]], costs: dict[str, float] | None = None) -> dict[int, float]:
+    """Per rank, the share of the step in which the rank computes nothing, computed from the schedule's
+    action list (``schedule.pipeline_order``): each rank runs its compute actions in order, each as soon as
+    the micro-batch's activations (forward) or gradients (backward) it needs are done, with the ``costs``
+    of ``COSTS`` and free communication."""
+    costs = costs or COSTS
+    queues = {rank: [leaf for a in actions if a is not None for leaf in _leaves(a)]
+              for rank, actions in pipeline_order.items()}
+    last = max((a.stage_index for q in queues.values() for a in q), default=0)
+    finished: dict[tuple[str, int, int], float] = {}
+    clock = dict.fromkeys(queues, 0.0)
+    busy = dict.fromkeys(queues, 0.0)
+    position = dict.fromkeys(queues, 0)
+    while any(position[r] < len(q) for r, q in queues.items()):
+        moved = False
+        for rank, queue in queues.items():
+            while position[rank] < len(queue):
+                action = queue[position[rank]]
+                kind, stage, mb = _kind(action), action.stage_index, action.microbatch_index
+                needs = _needs(kind, stage, mb, last)
+                if any(n not in finished for n in needs):
+                    break
+                start = max([clock[rank], *(finished[n] for n in needs)])
+                clock[rank] = start + costs[kind]
+                busy[rank] += costs[kind]
+                finished[("G" if kind in "BI" else kind, stage, mb)] = clock[rank]
+                position[rank] += 1
+                moved = True
+        if not moved:
+            raise ValueError("the action list cannot run: an action waits for one that never comes")
+    span = max(clock.values(), default=0.0)
+    return {rank: (1.0 - busy[rank] / span) if span else 0.0 for rank in queues}
+
+
+def one_f_one_b_order(num_ranks: int, num_microbatches: int) -> dict[int, list[Any]]:
+    """The 1F1B action list (warm-up forwards, alternating forward and backward, cool-down backwards).
+    torch's own list for 1F1B (``pipeline_order``, drawn for visualisation) skips the first forward of the
+    last rank, so it cannot be simulated; this is the order the schedule runs."""
+    from collections import namedtuple
+
+    step = namedtuple("step", "stage_index computation_type microbatch_index")
+    order = {}
+    for rank in range(num_ranks):
+        warmup = min(num_ranks - 1 - rank, num_microbatches)
+        actions = [step(rank, "F", i) for i in range(warmup)]
+        for i in range(num_microbatches - warmup):
+            actions += [step(rank, "F", warmup + i), step(rank, "B", i)]
+        actions += [step(rank, "B", i) for i in range(num_microbatches - warmup, num_microbatches)]
+        order[rank] = actions
+    return order
+
+
+def _kind(action: Any) -> str:
+    return str(getattr(action.computation_type, "value", action.computation_type))
+
+
+def _leaves(action: Any) -> list[Any]:
+    """The compute actions of one entry (an overlapped forward-backward holds two)."""
+    if getattr(action, "sub_actions", None):
+        return [leaf for sub in action.sub_actions for leaf in _leaves(sub)]
+    return [action] if _kind(action) in COSTS else []
+
+
+def _needs(kind: str, stage: int, mb: int, last: int) -> list[tuple[str, int, int]]:
+    """What an action waits for: forward needs the previous stage's forward; a backward (full or input)
+    needs its own forward and the next stage's input gradient; a weight backward its input backward."""
+    if kind == "F":
+        return [("F", stage - 1, mb)] if stage else []
+    if kind == "W":
+        return [("G", stage, mb)]
+    return [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
+
+
+@dataclass
+class PipelineSettings:
+    """Everything a pipelined model needs to know about its schedule and its place in the pipeline."""
+
+    schedule: str
+    num_microbatches: int
+    stages_per_rank: int
+    device: torch.device
+    pp_size: int = 1
+    pp_rank: int = 0
+    pp_group: Any = None
+    split_points: list[str] | None = None
+    balance: str = "layers"
+    loss_fn: Callable[..., torch.Tensor] | None = None
+    #: the current accumulation window's length (the loss is divided by it, as accelerator.backward would)
+    loss_divisor: Callable[[], int] = field(default=lambda: 1)
+    #: whether this process writes its stage's weights for ``save_model`` (the first of its data-parallel peers)
+    speaks_for_stage: bool = True
+    max_cached_shapes: int = 4
+    #: the stage strategy's ``no_sync(wrapped_stage)``: a step runs inside it, because torch's schedules
+    #: reduce gradients themselves at the last micro-batch (and DDP must not expect a backward from the
+    #: metadata pass of a schedule's first step)
+    no_sync: Callable[[nn.Module], Any] = field(default=lambda module: contextlib.nullcontext())
+    layout: StageLayout | None = None
+    #: the job's ParallelMesh (tied weights make their process groups from it)
+    mesh: Any = None
+    ties: list[Any] = field(default_factory=list)
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp_size * self.stages_per_rank
+
+    @property
+    def style(self) -> str:
+        return stage_style(self.schedule)
+
+    @property
+    def local_stages(self) -> list[int]:
+        return local_stages(self.pp_rank, self.pp_size, self.stages_per_rank, self.style)
+
+    @property
+    def last_stage_rank(self) -> int:
+        """The pipeline rank holding the last stage (rank 0 for V-shaped schedules)."""
+        return stage_to_rank(self.pp_size, self.num_stages, self.style)[self.num_stages - 1]
