@@ -157,12 +157,16 @@ def read_tensorboard(log_dir: str) -> tuple[dict[str, list[tuple[int, float]]], 
 def read_mlflow(uri: str, experiment: str) -> tuple[dict[str, list[tuple[int, float]]], dict]:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    (run,) = client.search_runs([exp.experiment_id])
-    metrics = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-               for key in run.data.metrics}
-    return metrics, run.data.params
+    from overdrive.utils import patch_environment
+
+    # Without SQLAlchemy the tracker writes MLflow's file store, which MLflow reads only when allowed.
+    with patch_environment(MLFLOW_ALLOW_FILE_STORE="true"):
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        (run,) = client.search_runs([exp.experiment_id])
+        metrics = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+                   for key in run.data.metrics}
+        return metrics, run.data.params
 
 
 def read_wandb(wandb_root: str) -> tuple[dict[str, list[tuple[int, float]]], dict]:
