@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -13,13 +13,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from overdrive.config import DDPCommunicationHookType as Hook
 from overdrive.config import DistributedDataParallelKwargs
+from overdrive.strategies.single import SingleDeviceStrategy
 
 
-class DDPStrategy:
+class DDPStrategy(SingleDeviceStrategy):
+    """The single-device strategy plus DDP's wrapping and synchronisation; the rest (clipping, optimizer,
+    backward) is the same, since DDP leaves identical gradients on every rank."""
+
     name = "ddp"
-    distributed_type = None
-    applies_transforms = False
-    engine_checkpoint = None
 
     def __init__(self, device: torch.device, ddp: DistributedDataParallelKwargs | None = None,
                  process_group: Any = None, **_: Any) -> None:
@@ -58,20 +59,6 @@ class DDPStrategy:
             yield
         finally:
             model.require_backward_grad_sync, model.require_forward_param_sync = previous
-
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
-                        norm_type: float) -> torch.Tensor:
-        # Gradients are identical on every rank after DDP's all-reduce: the local norm is the global norm.
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
-        return optimizer  # the wrapped model trains the user's own parameters
-
-    def prepare_together(self, objects: list[Any]) -> list[Any]:
-        return objects  # each object is prepared on its own
-
-    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
-        precision.backward(loss, **kwargs)
 
 
 def compress_hook(dtype: torch.dtype) -> Callable:
