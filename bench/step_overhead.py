@@ -26,6 +26,7 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -195,10 +196,7 @@ def run_workload(workload: str, cfg: dict, world: int, rank: int) -> dict:
             errors[name] = f"{type(exc).__name__}: {exc}"[:300]
     names = _agree(list(runners), world)
     torch.set_num_threads(1)  # in case a framework changed it
-    shapes = {}
-    for name in names:
-        for _ in range(cfg["warmup"]):
-            shapes[name] = runners[name]()
+    shapes = {name: runners[name]() for name in names}  # one untimed warm-up epoch each
     times: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
@@ -318,7 +316,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and steps (~1 min)")
     parser.add_argument("--steps", type=int, help="steps per round (one epoch) for every workload")
     parser.add_argument("--rounds", type=int, help="timed rounds per contender")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed epochs per contender before timing")
     parser.add_argument("--workloads", nargs="+", default=list(DEFAULTS), choices=list(DEFAULTS))
     parser.add_argument("--procs", nargs="+", type=int, default=[1, 2], choices=[1, 2])
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
@@ -327,7 +324,7 @@ def main() -> None:
     contenders = ["plain"] + [c for c in args.contenders if c != "plain"]  # plain is the reference
     plan = {w: (d[0], args.steps or d[1], args.rounds or d[2]) for w in args.workloads
             for d in [DEFAULTS[w][1 if args.quick else 0]]}
-    cfg = {"plan": plan, "warmup": args.warmup, "workloads": args.workloads, "contenders": contenders}
+    cfg = {"plan": plan, "workloads": args.workloads, "contenders": contenders}
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the workers; stops Fabric/Accelerate from raising it
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
     rows, raw = [], {}
@@ -341,6 +338,10 @@ def main() -> None:
     print(md)
     versions = {d: _version(d) for d in ("torch", "overdrive", "accelerate", "lightning")}
     versions["python"] = platform.python_version()
+    git = ["git", "-C", str(Path(__file__).parent)]  # which overdrive was measured (src/ changes often)
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "../src"], capture_output=True, text=True).stdout
+    versions["overdrive_source"] = f"{commit or 'unknown'}{' + uncommitted changes in src/' if dirty else ''}"
     meta = {"date": started.isoformat(timespec="seconds"), "cpu_count": os.cpu_count(), "machine": platform.machine(),
             "threads_per_process": 1, "versions": versions, "config": cfg, "load_avg_start_end": [load0, os.getloadavg()]}
     out = Path(args.out or Path(__file__).parent / "results" / f"step_overhead{'_quick' if args.quick else ''}.json")
