@@ -171,11 +171,11 @@ def _section(name: str) -> Checker:
         from overdrive import config as plugins
 
         if name == "deepspeed_config":
-            from overdrive.deepspeed.config import CONFIG_KEYS
+            from overdrive.config.deepspeed_json import CONFIG_KEYS
 
             known = [*CONFIG_KEYS, *plugins.field_names(plugins.DeepSpeedPlugin)]
         else:
-            known = [*plugins._FSDP_CONFIG_KEYS, *plugins.field_names(plugins.FullyShardedDataParallelPlugin)]
+            known = [*plugins.FSDP_CONFIG_KEYS, *plugins.field_names(plugins.FullyShardedDataParallelPlugin)]
         unknown = [f"{key}: unknown key {k!r}{nearest(str(k), list(known))}" for k in value if k not in known]
         return value, "; ".join(unknown) or None
     return check

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from overdrive.config.deepspeed import import_deepspeed  # noqa: F401 - re-exported for the strategy
+
 _EXPORTS = {
     "DummyOptim": "overdrive.deepspeed.objects",
     "DummyScheduler": "overdrive.deepspeed.objects",
@@ -28,15 +30,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
-
-
-def import_deepspeed() -> Any:
-    """The ``deepspeed`` library, or an error that names the package to install."""
-    try:
-        import deepspeed
-    except ImportError as exc:
-        raise ImportError(
-            "DeepSpeed was asked for (DeepSpeedPlugin, --use_deepspeed or distributed_type: DEEPSPEED) but the "
-            f"'deepspeed' package cannot be imported ({exc}); install it with: pip install 'overdrive[deepspeed]' "
-            "(or pip install deepspeed)") from exc
-    return deepspeed

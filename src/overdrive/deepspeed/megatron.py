@@ -9,9 +9,6 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
-WEIGHT_DECAY_STYLES = ("constant", "linear", "cosine")
-
 
 def megatron_core_problem() -> str | None:
     """Why megatron-core cannot be used here, or None."""
@@ -23,46 +20,6 @@ def megatron_core_problem() -> str | None:
         return ("MegatronLMPlugin needs the 'megatron-core' package, which cannot be imported here; install it with: "
                 "pip install megatron-core")
     return None
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def plugin_problems(plugin: Any, world_size: int | None = None) -> list[str]:
-    """Every invalid field of a MegatronLMPlugin, each naming the value and the valid choices."""
-    found = []
-    for name in ("tp_degree", "pp_degree", "num_micro_batches", "num_layers_per_virtual_pipeline_stage"):
-        value = getattr(plugin, name)
-        if value is not None and not _positive(value):
-            found.append(f"{name}={value!r} is not valid; it must be an integer >= 1")
-    tp = plugin.tp_degree if _positive(plugin.tp_degree) else 1
-    pp = plugin.pp_degree if _positive(plugin.pp_degree) else 1
-    if plugin.sequence_parallelism and tp == 1:
-        found.append("sequence_parallelism=True splits activations across the tensor-parallel group, which needs "
-                     f"tp_degree > 1 (tp_degree={plugin.tp_degree!r})")
-    if plugin.num_layers_per_virtual_pipeline_stage is not None and pp == 1:
-        found.append(f"num_layers_per_virtual_pipeline_stage={plugin.num_layers_per_virtual_pipeline_stage!r} "
-                     f"interleaves pipeline stages, which needs pp_degree > 1 (pp_degree={plugin.pp_degree!r})")
-    if plugin.pipeline_model_parallel_split_rank is not None and pp == 1:
-        found.append("pipeline_model_parallel_split_rank needs pp_degree > 1")
-    clip = plugin.gradient_clipping
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
-        found.append(f"gradient_clipping={clip!r} is not valid; give a number >= 0")
-    if plugin.lr_decay_style not in LR_DECAY_STYLES:
-        found.append(f"lr_decay_style={plugin.lr_decay_style!r} is not valid; choose one of {list(LR_DECAY_STYLES)}")
-    if plugin.weight_decay_incr_style not in WEIGHT_DECAY_STYLES:
-        found.append(f"weight_decay_incr_style={plugin.weight_decay_incr_style!r} is not valid; choose one of "
-                     f"{list(WEIGHT_DECAY_STYLES)}")
-    for name in ("custom_model_provider_function", "custom_prepare_model_function", "custom_get_batch_function",
-                 "custom_loss_function", "custom_megatron_datasets_provider_function"):
-        value = getattr(plugin, name)
-        if value is not None and not callable(value):
-            found.append(f"{name}={value!r} is not callable")
-    if world_size is not None and world_size % (tp * pp):
-        found.append(f"tp_degree x pp_degree = {tp} x {pp} = {tp * pp} does not divide the {world_size} processes; "
-                     "the data-parallel degree is the processes divided by that product")
-    return found
 
 
 def initialize_model_parallel(plugin: Any) -> Any:

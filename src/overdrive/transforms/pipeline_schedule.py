@@ -16,26 +16,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from overdrive.config.pipeline import (  # noqa: F401 - re-exported: the schedule names live with the config
+    LOOPED,
+    SCHEDULES,
+    SINGLE,
+    V_SHAPED,
+    default_stages_per_rank,
+    schedule_name,
+    schedule_problems,
+)
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from overdrive.transforms.pipeline_split import StageLayout
-
-SINGLE = ("GPipe", "1F1B")
-LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
-V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
-SCHEDULES = SINGLE + LOOPED + V_SHAPED
-
-
-def schedule_name(name: str) -> str | None:
-    """The canonical spelling of a schedule name given in any case, or None if unknown."""
-    return {n.lower(): n for n in SCHEDULES}.get(str(name).lower())
-
-
-def default_stages_per_rank(name: str) -> int:
-    return 1 if name in SINGLE else 2
-
 
 def stage_style(name: str) -> str:
     return "v" if name in V_SHAPED else "loop"
@@ -57,35 +52,6 @@ def local_stages(rank: int, num_ranks: int, stages_per_rank: int, style: str) ->
     """The stage indices pipeline rank ``rank`` holds, in increasing order."""
     mapping = stage_to_rank(num_ranks, num_ranks * stages_per_rank, style)
     return sorted(s for s, r in mapping.items() if r == rank)
-
-
-def schedule_problems(schedule: Any, num_microbatches: Any, stages_per_rank: Any, pp_size: int) -> list[str]:
-    """Every problem with the schedule settings, each naming the value and what to give instead."""
-    name = schedule_name(schedule)
-    if name is None:
-        return [f"schedule={schedule!r} is not a pipeline schedule; choose one of {list(SCHEDULES)}"]
-    problems = []
-    spr = default_stages_per_rank(name) if stages_per_rank is None else stages_per_rank
-    if not isinstance(spr, int) or isinstance(spr, bool) or spr < 1:
-        return [f"stages_per_rank={stages_per_rank!r} is not valid; give an integer >= 1"]
-    if name in SINGLE and spr != 1:
-        problems.append(f"schedule {name!r} runs one stage per rank, but stages_per_rank={spr}; use "
-                        f"stages_per_rank=1 or a multi-stage schedule ({', '.join(LOOPED + V_SHAPED)})")
-    if name in V_SHAPED and spr != 2:
-        problems.append(f"schedule {name!r} needs exactly 2 stages per rank, got stages_per_rank={spr}")
-    num_stages = pp_size * spr
-    n = num_stages if num_microbatches is None else num_microbatches
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        return [*problems, f"num_microbatches={num_microbatches!r} is not valid; give an integer >= 1"]
-    if name == "DualPipeV" and n < num_stages:
-        problems.append(f"DualPipeV needs at least as many micro-batches as stages ({num_stages}), got "
-                        f"num_microbatches={n}")
-    if name in LOOPED:
-        rounds = max(1, n // pp_size)
-        if n % rounds:
-            problems.append(f"{name} with pp_size={pp_size} needs num_microbatches to be a multiple of "
-                            f"{rounds} (num_microbatches // pp_size), got {n}; e.g. use {rounds * pp_size}")
-    return problems
 
 
 #: time units of each kind of compute action in ``bubble_fraction`` (a full backward is input + weight)

@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from overdrive.config.pipeline import BALANCE_CHOICES
+
 #: attribute names that hold a model's repeated blocks, in order of preference
 BLOCK_LIST_NAMES = ("layers", "h", "blocks", "layer")
-BALANCE_CHOICES = ("layers", "params")
 
 
 class SplitError(ValueError):

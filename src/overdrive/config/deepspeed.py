@@ -1,0 +1,103 @@
+"""``DeepSpeedPlugin``: DeepSpeed ZeRO with Accelerate's fields (the engine itself is built by the strategy)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from overdrive.config.deepspeed_json import (
+    apply_fields,
+    config_from_fields,
+    get_path,
+    plugin_from_config_dict,
+    plugin_problems,
+    read_config,
+    zero_stage_of,
+)
+
+
+def import_deepspeed() -> Any:
+    """The ``deepspeed`` library, or an error that names the package to install."""
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise ImportError(
+            "DeepSpeed was asked for (DeepSpeedPlugin, --use_deepspeed or distributed_type: DEEPSPEED) but the "
+            f"'deepspeed' package cannot be imported ({exc}); install it with: pip install 'overdrive[deepspeed]' "
+            "(or pip install deepspeed)") from exc
+    return deepspeed
+
+
+@dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed ZeRO with Accelerate's fields; the engine is built by ``prepare()``.
+
+    ``hf_ds_config`` is DeepSpeed's own config (a path to a JSON file or a dict); without it the fields make
+    one (ZeRO stage 2, gradient clipping 1.0 as in Accelerate). ``"auto"`` values in the config are filled
+    from the fields, the Accelerator (mixed precision, accumulation) and the prepared objects (the data
+    loader's batch size, the optimizer's and scheduler's settings). A field and the config that disagree are
+    reported together with every other problem when the Accelerator is built::
+
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0))
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config="ds_config.json"), mixed_precision="bf16")
+
+    ``deepspeed_config`` holds the config (editable before ``prepare()``). ``zero3_init_flag`` makes
+    ``zero3_init_context_manager()`` build models already sharded (ZeRO-3). See docs/deepspeed.md.
+    """
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int | None = None
+    gradient_clipping: float | None = None
+    zero_stage: int | None = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: str | None = None
+    offload_param_device: str | None = None
+    offload_optimizer_nvme_path: str | None = None
+    offload_param_nvme_path: str | None = None
+    zero3_init_flag: bool | None = None
+    zero3_save_16bit_model: bool | None = None
+    transformer_moe_cls_names: str | None = None
+    enable_msamp: bool | None = None
+    msamp_opt_level: str | None = None
+    deepspeed_config: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    selected: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        config, self.config_source = read_config(self.hf_ds_config)
+        self.deepspeed_config = config if config is not None else config_from_fields(self)
+        self._conflicts = apply_fields(self, self.deepspeed_config, self.config_source)
+
+    def problems(self) -> list[str]:
+        """Every invalid field, and every field the config contradicts (naming both values)."""
+        return plugin_problems(self)
+
+    def get_value(self, key: str, default: Any = None) -> Any:
+        """The config's value at a dotted ``key`` such as ``"zero_optimization.stage"``."""
+        return get_path(self.deepspeed_config, key, default)
+
+    def is_auto(self, key: str) -> bool:
+        return self.get_value(key) == "auto"
+
+    @property
+    def zero_stage_in_use(self) -> int:
+        return zero_stage_of(self.deepspeed_config)
+
+    def is_zero3_init_enabled(self) -> bool:
+        return bool(self.zero3_init_flag) and self.zero_stage_in_use == 3
+
+    def zero3_init_context_manager(self, enable: bool = False) -> Any:
+        """``deepspeed.zero.Init`` for this config when ZeRO-3 init is on (or ``enable``): modules built
+        inside are sharded as they are created. A no-op context otherwise."""
+        if not (enable or self.is_zero3_init_enabled()):
+            return contextlib.nullcontext()
+        zero = {k: v for k, v in self.deepspeed_config.get("zero_optimization", {}).items() if v != "auto"}
+        dtypes = {k: {"enabled": self.get_value(f"{k}.enabled") is True} for k in ("bf16", "fp16")}
+        return import_deepspeed().zero.Init(config_dict_or_path={"zero_optimization": zero, **dtypes,
+                                                                 "train_micro_batch_size_per_gpu": 1})
+
+    @classmethod
+    def from_config_dict(cls, config: dict[str, Any]) -> DeepSpeedPlugin:
+        """The plugin for Accelerate's ``deepspeed_config`` (YAML / launcher) keys, e.g. ``{"zero_stage": 2,
+        "offload_optimizer_device": "cpu", "gradient_clipping": 1.0, "deepspeed_config_file": "ds.json"}``."""
+        return plugin_from_config_dict(cls, config)

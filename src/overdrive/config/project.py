@@ -1,0 +1,51 @@
+"""Where a run writes (``ProjectConfiguration``) and how its data loaders behave (``DataLoaderConfiguration``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How prepared data loaders shard, order and move batches.
+
+    - ``split_batches``: the loader's batch is the global batch and is split across processes
+      (its size must divide by the number of processes); otherwise each process gets a whole batch.
+    - ``dispatch_batches``: rank 0 reads every batch and sends each process its part (default: on for
+      iterable datasets).
+    - ``even_batches``: every process gets the same number of batches, wrapping around to the start of
+      the data to fill the last one; ``gather_for_metrics`` drops those duplicates.
+    - ``use_seedable_sampler``: shuffle from ``data_seed`` (default: the seed in force) and the epoch, so
+      the global order is the same at any world size.
+    - ``non_blocking``: copy batches to the device asynchronously (with pinned memory).
+    """
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where a run writes its checkpoints and logs, and how checkpoints are named and kept."""
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def set_directories(self, project_dir: str | None = None) -> None:
+        self.project_dir = project_dir
+        if self.logging_dir is None:
+            self.logging_dir = project_dir
+
+    def __post_init__(self) -> None:
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
