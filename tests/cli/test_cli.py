@@ -16,7 +16,7 @@ from overdrive import config_file as cf
 from overdrive.launchers.torchrun import Command, LaunchPlan, describe_failures, torchrun_argv, traceback_tail
 from overdrive.runtime.cluster import _tasks_per_node, detect_process_info, first_host
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 _CLUSTER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                      "MASTER_PORT", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "MV2_", "PALS_")
 

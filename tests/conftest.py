@@ -1,0 +1,43 @@
+"""Test-tree setup: import paths and markers.
+
+The tests mirror ``src/overdrive`` (``tests/strategies/``, ``tests/checkpoint/``, ...). Test modules import
+shared helpers by their module name (``from distributed import run_distributed``, ``from test_cli import
+overdrive``), so this folder and every folder under it are put on ``sys.path``; module basenames must
+therefore be unique across the tree (pytest refuses duplicates anyway). ``from tests.distributed import
+run_distributed`` works too (the repository root is on ``pythonpath`` in pyproject).
+
+Markers (registered in pyproject; select with ``-m``, e.g. ``pytest -m "not slow and not multiprocess"``):
+
+- ``multiprocess``: starts processes (a gloo group, torchrun or the CLI's launcher). Added here to every
+  test of a module that uses ``run_distributed`` or ``free_port``; mark launch tests by hand.
+- ``slow``: takes more than ~20 s on a 2-core machine.
+- ``optional``: needs a package outside overdrive's own dependencies (deepspeed, transformers, a tracker).
+- ``gpu``: needs a CUDA device; skipped here when there is none.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+for _folder in [_HERE, *sorted(p for p in _HERE.rglob("*") if p.is_dir() and not p.name.startswith((".", "_")))]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark multi-process modules, and skip GPU tests on a machine without CUDA."""
+    gpu_skip = None
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and any(hasattr(module, name) for name in ("run_distributed", "free_port")):
+            item.add_marker(pytest.mark.multiprocess)
+        if item.get_closest_marker("gpu") is not None:
+            if gpu_skip is None:
+                import torch
+
+                gpu_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+            item.add_marker(gpu_skip)
