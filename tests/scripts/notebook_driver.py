@@ -8,7 +8,6 @@ import time
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
 from notebook_fns import fail_on_rank_one, train  # noqa: E402
-
 from overdrive.launchers import LaunchError, debug_launcher, notebook_launcher  # noqa: E402
 
 atexit.register(time.sleep, 0.1)  # see train_ddp.py
