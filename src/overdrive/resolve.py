@@ -98,7 +98,10 @@ def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | Non
     init_kwargs = init_kwargs or InitProcessGroupKwargs()
     backend = init_kwargs.backend or (backend_for(device) if info.is_distributed else None)
     debug = bool(launched.get("debug", False)) or os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
-    return ProcessPlan(info=info, device=device, backend=backend, timeout=init_kwargs.timeout, debug=debug)
+    timeout = init_kwargs.timeout
+    if timeout is None and launched.get("timeout"):  # overdrive launch --timeout
+        timeout = timedelta(seconds=float(launched["timeout"]))
+    return ProcessPlan(info=info, device=device, backend=backend, timeout=timeout, debug=debug)
 
 
 @dataclass(frozen=True)

@@ -222,11 +222,13 @@ def test_torchrun_arguments_for_each_topology():
             "--node-rank=1"} <= set(static)
     c10d = torchrun_argv(LaunchPlan(num_processes=4, num_machines=2, main_process_ip="h", rdzv_backend="c10d",
                                     max_restarts=3), Command("pkg.mod", module=True), "/logs")
-    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=h:29500", "--max-restarts=3", "--module"} <= set(c10d)
+    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=h:29500", "--max-restarts=3", "--no-python"} <= set(c10d)
+    # every worker starts in overdrive's entry point (dies with the launcher), which runs the module
+    assert c10d[-6:] == [sys.executable, "-u", "-m", "overdrive.launchers.worker", "module", "pkg.mod"]
     from torch.distributed.run import get_args_parser
 
     parsed = get_args_parser().parse_args(static)  # torchrun's own parser accepts what we build
-    assert parsed.nproc_per_node == "4" and parsed.training_script_args == ["--lr", "1"]
+    assert parsed.nproc_per_node == "4" and parsed.training_script_args[-3:] == ["train.py", "--lr", "1"]
 
 
 def test_failure_report_names_first_rank_signal_and_traceback(tmp_path):

@@ -25,7 +25,7 @@ CONFIG_KEYS: dict[str, str | None] = {
     "rdzv_backend": "rdzv_backend", "rdzv_conf": "rdzv_conf", "same_network": "same_network",
     "max_restarts": "max_restarts", "monitor_interval": None, "gpu_ids": "gpu_ids",
     "mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
-    "num_cpu_threads_per_process": "num_cpu_threads_per_process", "debug": "debug",
+    "num_cpu_threads_per_process": "num_cpu_threads_per_process", "debug": "debug", "timeout": None,
 }
 
 # config keys handed to the workers as they are, when the file has them
@@ -72,6 +72,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(dist, "rdzv_conf", metavar="K=V,...", help="extra rendezvous settings for torchrun")
     add_flag(dist, "max_restarts", metavar="N", help="restart the whole group up to N times when a process fails")
     add_flag(dist, "monitor_interval", metavar="SECONDS", help="how often the workers are checked (default 0.1)")
+    add_flag(dist, "timeout", metavar="SECONDS",
+             help="how long a collective waits for every rank before the job ends with a hang report naming the "
+                  "rank that did not arrive (default: 180 on the CPU, 600 on GPUs)")
     add_flag(dist, "log_dir", metavar="DIR", help="keep each worker's logs here (default: a temporary directory)")
     add_flag(dist, "tee", "-t", metavar="STREAMS",
              help="torchrun's --tee: 1 stdout, 2 stderr, 3 both, to log files and the console with a prefix")
@@ -275,6 +278,9 @@ def resolve(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     accumulation = pick("gradient_accumulation_steps", cf._int(minimum=1), 1)
     threads = pick("num_cpu_threads_per_process", cf._int(minimum=1), None)
     debug = pick("debug", cf._bool, False)
+    timeout = pick("timeout", cf._float, None)
+    if timeout.value is not None and not timeout.value > 0:
+        problems.append(f"--timeout {timeout.value}: give a number of seconds above 0")
     dynamo = _dynamo_backend(args, config, source, problems)
 
     if not problems:
@@ -298,6 +304,8 @@ def resolve(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
         gpu_ids=gpu_ids.value, num_cpu_threads_per_process=threads.value or _inherited_threads() or default_threads(local),
         config_file=str(source.path) if source.path else None,
     )
+    if timeout.value is not None:
+        worker_config["timeout"] = timeout.value
     plan = LaunchPlan(
         num_processes=num_processes.value, num_machines=num_machines.value, machine_rank=machine_rank.value,
         main_process_ip=ip.value, main_process_port=port.value, rdzv_backend=rdzv.value,

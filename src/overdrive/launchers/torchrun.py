@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"  # the same name as overdrive.resolve.LAUNCH_CONFIG_VAR
+LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"  # the same name as overdrive.launchers.worker.LAUNCHER_PID_VAR
 
 
 class LaunchError(RuntimeError):
@@ -104,11 +105,11 @@ def torchrun_argv(plan: LaunchPlan, command: Command, log_dir: str) -> list[str]
         argv.append(f"--tee={plan.tee}")
     else:
         argv.append("--redirects=2")  # stderr to a file, which StderrCopier shows as it is written
-    if command.module:
-        argv.append("--module")
-    if command.no_python:
-        argv.append("--no-python")
-    return argv + [command.target, *command.args]
+    # Every worker starts in overdrive's small entry point, which ties it to this process (it dies with the
+    # launcher) and arms faulthandler for hang reports, then runs the target as python would.
+    kind = "program" if command.no_python else "module" if command.module else "script"
+    return argv + ["--no-python", sys.executable, "-u", "-m", "overdrive.launchers.worker", kind, command.target,
+                   *command.args]
 
 
 def patched_environ(values: Mapping[str, str | None]) -> contextlib.AbstractContextManager[None]:
@@ -122,7 +123,8 @@ def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
     """The variables every worker gets besides torchrun's own: the config JSON, threads, devices."""
     local = plan.processes_per_machine
     threads = plan.num_cpu_threads_per_process
-    env: dict[str, str | None] = {LAUNCH_CONFIG_VAR: json.dumps(plan.worker_config, sort_keys=True)}
+    env: dict[str, str | None] = {LAUNCH_CONFIG_VAR: json.dumps(plan.worker_config, sort_keys=True),
+                                  LAUNCHER_PID_VAR: str(os.getpid())}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     elif "OMP_NUM_THREADS" not in os.environ:
@@ -160,6 +162,8 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
     if plan.log_dir:
         os.makedirs(plan.log_dir, exist_ok=True)
     log_dir = tempfile.mkdtemp(prefix="overdrive-launch-", dir=plan.log_dir)
+    if not plan.log_dir:
+        start_reaper(log_dir)  # removes the folder even if this process is killed outright
     argv = torchrun_argv(plan, command, log_dir)
     if plan.debug:
         print("overdrive launch: torchrun " + " ".join(argv), file=sys.stderr, flush=True)
@@ -202,6 +206,35 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
         _stop(copier)
         if not plan.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
+
+
+_REAPER = """
+import os, shutil, sys, time
+pid, folder = int(sys.argv[1]), sys.argv[2]
+def alive():
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+while alive():
+    time.sleep(0.2)
+shutil.rmtree(folder, ignore_errors=True)
+"""
+
+
+def start_reaper(folder: str) -> None:
+    """A tiny process of its own session that deletes ``folder`` once this process has ended, however."""
+    import subprocess
+
+    subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(os.getpid()), folder], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _stop(copier: StderrCopier | None) -> None:
@@ -312,6 +345,9 @@ def describe_failures(failures: Mapping[int, Any], log_dir: str, max_restarts: i
                      key=lambda item: (item[1].exitcode == stopped, _failure_time(item[1], log_dir), item[0]))
     rank, first = ordered[0]
     restarts = f" after {max_restarts} restart{'s' if max_restarts != 1 else ''}" if max_restarts else ""
+    hang = find_hang_report(log_dir)
+    if hang is not None:
+        return describe_hang(hang, failures, restarts), _exit_code(first.exitcode)
     lines = [f"overdrive launch: rank {rank} {describe_exit(first.exitcode)}{restarts}; "
              "the other processes were stopped."]
     what, text = _failure_text(first, log_dir)
@@ -327,8 +363,46 @@ def describe_failures(failures: Mapping[int, Any], log_dir: str, max_restarts: i
             lines.append(f"  rank {other} was stopped (SIGTERM)")
         else:
             lines.append(f"  rank {other} also failed: it {describe_exit(failure.exitcode)}")
-    if 0 < first.exitcode < 256:
-        code = first.exitcode
-    else:  # the shell's convention for a death by signal
-        code = 128 - first.exitcode if first.exitcode < 0 else 1
-    return "\n".join(lines), code
+    return "\n".join(lines), _exit_code(first.exitcode)
+
+
+def _exit_code(exitcode: int) -> int:
+    if 0 < exitcode < 256:
+        return exitcode
+    return 128 - exitcode if exitcode < 0 else 1  # the shell's convention for a death by signal
+
+
+def find_hang_report(log_dir: str) -> dict[str, Any] | None:
+    """The hang report a worker's watchdog printed (``overdrive.runtime.watchdog``), from the stderr logs."""
+    from overdrive.runtime.watchdog import REPORT_MARKER
+
+    for path in sorted(Path(log_dir).glob("*/attempt_*/*/stderr.log")):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in reversed(text.splitlines()):
+            at = line.find(REPORT_MARKER)
+            if at >= 0:
+                try:
+                    return json.loads(line[at + len(REPORT_MARKER):])
+                except json.JSONDecodeError:
+                    break
+    return None
+
+
+def describe_hang(report: dict[str, Any], failures: Mapping[int, Any], restarts: str) -> str:
+    """The summary of a job that ended because a rank stopped joining collectives: blame that rank."""
+    hung = report.get("hung_ranks") or []
+    who = f"rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))}" if hung else "no rank could be named"
+    waited = report.get("waiting_rank")
+    lines = [f"overdrive launch: {who} hung{restarts}: {'they' if len(hung) > 1 else 'it'} did not arrive at "
+             f"collective #{report.get('seq')} ({report.get('collective')}), which rank {waited} waited "
+             f"{report.get('timeout_s', 0):g} s for; the job was stopped.",
+             "  every rank's Python stack is in the hang report above (overdrive: hang detected ...);",
+             "  raise the limit with InitProcessGroupKwargs(timeout=...) or 'overdrive launch --timeout SECONDS' "
+             "if the wait was legitimate."]
+    for rank in sorted(failures):
+        role = "hung" if rank in hung else "timed out waiting" if rank == waited else "stopped"
+        lines.append(f"  rank {rank}: {role} ({describe_exit(failures[rank].exitcode)})")
+    return "\n".join(lines)

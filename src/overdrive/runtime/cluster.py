@@ -175,5 +175,28 @@ def detect_process_info(env: Mapping[str, str] | None = None) -> ProcessInfo:
     for detect in DETECTORS:
         info = detect(env)
         if info is not None:
+            check_process_info(info)
             return info
     return ProcessInfo()
+
+
+def check_process_info(info: ProcessInfo) -> None:
+    """Raise at once (instead of waiting for a rendezvous that can never complete) when the rank, world
+    size or local rank that the launcher set cannot be right."""
+    problems = []
+    if info.world_size < 1:
+        problems.append(f"the world size is {info.world_size}; it must be at least 1 (the number of processes)")
+    elif not 0 <= info.rank < info.world_size:
+        problems.append(f"rank {info.rank} is outside the world of {info.world_size} processes; ranks run "
+                        f"0..{info.world_size - 1}")
+    if info.local_world_size < 1:
+        problems.append(f"the local world size is {info.local_world_size}; it must be at least 1")
+    elif not 0 <= info.local_rank < info.local_world_size:
+        problems.append(f"local rank {info.local_rank} is outside the {info.local_world_size} processes of this "
+                        f"machine; local ranks run 0..{info.local_world_size - 1}")
+    if not 0 < info.master_port < 65536:
+        problems.append(f"the master port {info.master_port} is not a port; give 1-65535")
+    if problems:
+        raise ValueError(f"this process's place in the job, read from {info.source}, is impossible: "
+                         + "; ".join(problems) + ". Check the variables your launcher sets (for torchrun: RANK, "
+                         "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_PORT)")

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import atexit
+import os
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from overdrive.runtime import watchdog
 from overdrive.runtime.cluster import ProcessInfo
+
+#: How long a collective may wait for the other ranks on the CPU (gloo) before the job ends with a hang
+#: report; far below torch's 10 minutes, so a hung rank costs minutes, not the job's allocation.
+CPU_TIMEOUT = timedelta(minutes=3)
+#: On accelerators (NCCL...) first steps can be slow (compilation, lazy init): torch's own default.
+DEVICE_TIMEOUT = timedelta(minutes=10)
+
+
+def default_timeout(device: torch.device) -> timedelta:
+    """The process-group timeout when none is given: ``CPU_TIMEOUT`` on the CPU, else ``DEVICE_TIMEOUT``."""
+    return CPU_TIMEOUT if device.type == "cpu" else DEVICE_TIMEOUT
 
 
 def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str | None = None,
@@ -25,14 +38,18 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
     if dist.is_initialized():
         return True
     backend = backend or dist.get_default_backend_for_device(device)
-    timeout = timeout or timedelta(minutes=10)
+    timeout = timeout or default_timeout(device)
     is_master = info.rank == 0 and not info.agent_store
     store = dist.TCPStore(info.master_addr, info.master_port, world_size=info.world_size if is_master else None,
                           is_master=is_master, timeout=timeout, wait_for_workers=False)
     prefixed = dist.PrefixStore(f"overdrive/attempt_{info.restart_count}", store)
     kwargs = {"device_id": device} if device.type != "cpu" else {}
+    # torch's flight recorder keeps the last collectives (gloo too): the hang report names the one waited on.
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")
     dist.init_process_group(backend=backend, store=prefixed, rank=info.rank, world_size=info.world_size,
                             timeout=timeout, **kwargs)
+    watchdog.start(dist.distributed_c10d._get_default_group(), info.rank, info.world_size, info.master_addr,
+                   info.master_port, f"overdrive/attempt_{info.restart_count}", timeout)
     # gloo's worker thread can free the last collective's work object after the interpreter began to shut
     # down, which aborts the process ("terminate called without an active exception") after a successful
     # run: measured 3 in 6 runs. A short pause at exit lets it finish first (0 in 10); destroying the

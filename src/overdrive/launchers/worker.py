@@ -1,0 +1,59 @@
+"""What ``overdrive launch`` runs in each worker before the user's script: ``python -m overdrive.launchers.worker
+{script|module|program} TARGET ARGS...``.
+
+torchrun starts each worker in a session of its own, so when the launcher is killed outright (``kill -9``,
+the out-of-memory killer) nothing stops the workers: they would train on as orphans. Here the worker asks
+Linux to kill it when its parent dies (``PR_SET_PDEATHSIG``), checks that the parent is still the launcher
+(it may have died before that call), and registers ``faulthandler`` on SIGUSR1 so that a hang report can
+ask for its Python stack. Then it runs the target as ``python script.py`` / ``python -m module`` would,
+or replaces itself with the program.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import runpy
+import signal
+import sys
+
+LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(launcher_pid: int | None) -> None:
+    """Be killed (SIGKILL) when the parent process dies; exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the launcher's reaper still removes its files
+            pass
+    if launcher_pid is not None and os.getppid() != launcher_pid:
+        print(f"overdrive: the launcher (pid {launcher_pid}) ended before this worker started; exiting",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2 or argv[0] not in ("script", "module", "program"):
+        raise SystemExit("usage: python -m overdrive.launchers.worker {script|module|program} TARGET [ARGS...]")
+    kind, target, args = argv[0], argv[1], argv[2:]
+    pid = os.environ.get(LAUNCHER_PID_VAR, "")
+    die_with_parent(int(pid) if pid.isdigit() else None)
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    if kind == "program":
+        os.execvp(target, [target, *args])  # the parent-death signal survives exec
+    sys.argv = [target, *args]
+    if kind == "module":
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        # as ``python script.py``: the script's folder first on sys.path (in place of this module's)
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
