@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import SCRIPTS, clean_env, overdrive
 
+from faultkit import SCRIPTS, clean_env, overdrive
 from overdrive.runtime.cluster import detect_process_info
 
 TIMEOUT_S = 8
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.mark.timeout(120)
