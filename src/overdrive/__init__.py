@@ -46,6 +46,16 @@ _EXPORTS = {
     "get_logger": "overdrive.logging",
     "notebook_launcher": "overdrive.launchers.notebook",
     "debug_launcher": "overdrive.launchers.notebook",
+    # big-model inference (Accelerate's top-level names)
+    "init_empty_weights": "overdrive.big_modeling",
+    "init_on_device": "overdrive.big_modeling",
+    "cpu_offload": "overdrive.big_modeling",
+    "cpu_offload_with_hook": "overdrive.big_modeling",
+    "disk_offload": "overdrive.big_modeling",
+    "dispatch_model": "overdrive.big_modeling",
+    "load_checkpoint_and_dispatch": "overdrive.big_modeling",
+    "load_checkpoint_in_model": "overdrive.big_modeling",
+    "infer_auto_device_map": "overdrive.big_modeling",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -66,6 +76,17 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from overdrive.accelerator import Accelerator
+    from overdrive.big_modeling import (
+        cpu_offload,
+        cpu_offload_with_hook,
+        disk_offload,
+        dispatch_model,
+        infer_auto_device_map,
+        init_empty_weights,
+        init_on_device,
+        load_checkpoint_and_dispatch,
+        load_checkpoint_in_model,
+    )
     from overdrive.config import (
         AutocastKwargs,
         DataLoaderConfiguration,

@@ -1,0 +1,15 @@
+"""Accelerate's ``accelerate.utils.offload`` names, from :mod:`overdrive.big_model` (re-exports only)."""
+
+from overdrive.big_model.offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    load_offloaded_weights,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
+
+__all__ = ["OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
+           "load_offloaded_weights", "offload_state_dict", "offload_weight", "save_offload_index"]
