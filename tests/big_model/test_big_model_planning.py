@@ -101,6 +101,7 @@ def test_exact_maps_on_devices_this_machine_lacks(max_memory: dict, no_split: li
     assert accelerate_utils.infer_auto_device_map(model, dict(max_memory), no_split) == expected
 
 
+@pytest.mark.optional
 def test_llama_maps_match_accelerate() -> None:
     """The same maps and balanced memories as Accelerate's planner, on a Llama model and fake GPUs."""
     accelerate_utils = pytest.importorskip("accelerate.utils")

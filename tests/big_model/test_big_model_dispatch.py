@@ -28,6 +28,8 @@ from overdrive.big_model import (
     remove_hook_from_module,
 )
 
+pytestmark = pytest.mark.optional  # transformers builds the Llama models
+
 TOKENS = torch.randint(0, 1000, (2, 10), generator=torch.Generator().manual_seed(1))
 HALF_ON_DISK = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
                 "model.layers.2": "cpu", "model.layers.3": "disk", "model.norm": "disk", "model.rotary_emb": "cpu",
