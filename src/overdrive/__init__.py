@@ -56,6 +56,8 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "overdrive.big_modeling",
     "load_checkpoint_in_model": "overdrive.big_modeling",
     "infer_auto_device_map": "overdrive.big_modeling",
+    "install_as_accelerate": "overdrive.compat.alias",
+    "uninstall_as_accelerate": "overdrive.compat.alias",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -63,6 +65,11 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
+    if module is None:
+        # Accelerate's other top-level names (overdrive.compat.table), looked up only when asked for
+        from overdrive.compat.table import NAMES
+
+        module = NAMES["overdrive"].get(name)
     if module is None:
         raise AttributeError(f"module 'overdrive' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
@@ -87,6 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         load_checkpoint_and_dispatch,
         load_checkpoint_in_model,
     )
+    from overdrive.compat.alias import install_as_accelerate, uninstall_as_accelerate
     from overdrive.config import (
         AutocastKwargs,
         DataLoaderConfiguration,

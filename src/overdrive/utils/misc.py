@@ -17,27 +17,6 @@ def is_package_available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _availability(package: str) -> Any:
-    def check() -> bool:
-        return is_package_available(package)
-
-    check.__name__ = f"is_{package.replace('-', '_')}_available"
-    check.__doc__ = f"Whether {package} is installed (it is imported only where it is used)."
-    return check
-
-
-is_tensorboard_available = _availability("tensorboard")
-is_wandb_available = _availability("wandb")
-is_mlflow_available = _availability("mlflow")
-is_aim_available = _availability("aim")
-is_deepspeed_available = _availability("deepspeed")
-is_transformers_available = _availability("transformers")
-is_torchao_available = _availability("torchao")
-is_rich_available = _availability("rich")
-is_datasets_available = _availability("datasets")
-is_megatron_lm_available = _availability("megatron")
-
-
 def wait_for_everyone() -> None:
     """Barrier across every process (a no-op in a single process)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

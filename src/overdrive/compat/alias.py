@@ -1,0 +1,152 @@
+"""``install_as_accelerate()``: make ``import accelerate`` give overdrive, in this process only.
+
+A finder placed first on ``sys.meta_path`` answers every ``accelerate`` / ``accelerate.<path>`` listed in
+:data:`overdrive.compat.table.MODULES` with the overdrive module of the same path, the very same module
+object, so ``isinstance`` checks and the process-wide states agree whichever name a library imported. The
+same finder answers ``importlib.metadata`` for the distribution ``accelerate`` with the Accelerate release
+whose API overdrive follows, so libraries' version checks (``is_accelerate_available``,
+``require_version``) pass whether or not the real package is installed.
+
+Nothing changes for a process that does not call it (PyMySQL's ``install_as_MySQLdb()`` is the model).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata as metadata
+import os
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from overdrive.compat.table import ACCELERATE_VERSION, MODULES
+
+__all__ = ["install_as_accelerate", "uninstall_as_accelerate", "is_installed_as_accelerate", "AccelerateAliasError"]
+
+
+class AccelerateAliasError(RuntimeError):
+    """The alias cannot be installed (the real Accelerate is already imported in this process)."""
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Hands out an already imported overdrive module under its Accelerate name."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.own_spec = module.__spec__
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return self.module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system stamps the alias spec on the module; the module keeps its own identity
+        # (its __spec__ names overdrive), so reload() and pickling by module name still work.
+        module.__spec__ = self.own_spec
+
+
+class _AccelerateDistribution(metadata.Distribution):
+    """The metadata of the Accelerate release overdrive stands in for."""
+
+    _METADATA = (f"Metadata-Version: 2.1\nName: accelerate\nVersion: {ACCELERATE_VERSION}\n"
+                 "Summary: overdrive standing in for Accelerate (overdrive.install_as_accelerate)\n")
+
+    def read_text(self, filename: str) -> str | None:
+        if filename in ("METADATA", "PKG-INFO"):
+            return self._METADATA
+        if filename == "top_level.txt":
+            return "accelerate\n"
+        return None
+
+    def locate_file(self, path: str | os.PathLike[str]) -> Any:
+        import pathlib
+
+        return pathlib.Path(__file__).parent / path
+
+
+class _AccelerateFinder(importlib.abc.MetaPathFinder):
+    """``accelerate[.<path>]`` -> ``overdrive[.<path>]`` for the paths in the table."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "accelerate" and not fullname.startswith("accelerate."):
+            return None
+        target_name = MODULES.get(fullname)
+        if target_name is None:
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r}: overdrive (installed as accelerate) has no counterpart of this "
+                "Accelerate module; the supported paths are listed in overdrive.compat.table.MODULES "
+                "and docs/accelerate_parity.md", name=fullname)
+        module = importlib.import_module(target_name)
+        own = module.__spec__
+        is_package = own is not None and own.submodule_search_locations is not None
+        spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(module), is_package=is_package)
+        if is_package:
+            spec.submodule_search_locations = list(own.submodule_search_locations)
+        return spec
+
+    def find_distributions(self, context: Any = None) -> Iterator[metadata.Distribution]:
+        name = getattr(context, "name", None)
+        if name is None or _normalize(name) == "accelerate":
+            yield _AccelerateDistribution()
+
+
+def _normalize(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+_finder: _AccelerateFinder | None = None
+
+
+def is_installed_as_accelerate() -> bool:
+    """Whether ``install_as_accelerate()`` is in effect in this process."""
+    return _finder is not None and _finder in sys.meta_path
+
+
+def _real_accelerate_modules() -> list[str]:
+    overdrive_modules = {id(m) for name, m in sys.modules.items() if name.split(".")[0] == "overdrive"}
+    return sorted(name for name, module in sys.modules.items()
+                  if (name == "accelerate" or name.startswith("accelerate.")) and id(module) not in overdrive_modules)
+
+
+def install_as_accelerate() -> None:
+    """Make ``import accelerate`` (and every ``accelerate.<path>`` in the table) import overdrive, and
+    ``importlib.metadata.version("accelerate")`` answer overdrive's Accelerate API release, in this
+    process. Call it before importing transformers, PEFT, TRL or diffusers::
+
+        import overdrive
+        overdrive.install_as_accelerate()
+        from transformers import Trainer  # Trainer now runs on overdrive
+
+    Calling it twice is harmless. Raises ``AccelerateAliasError`` (and changes nothing) when the real
+    Accelerate is already imported in this process.
+    """
+    global _finder
+    if is_installed_as_accelerate():
+        return
+    real = _real_accelerate_modules()
+    if real:
+        shown = ", ".join(real[:3]) + (", ..." if len(real) > 3 else "")
+        raise AccelerateAliasError(
+            f"install_as_accelerate(): the real Accelerate is already imported in this process ({shown}), so "
+            "objects from both would mix; call overdrive.install_as_accelerate() before anything imports "
+            "accelerate (before transformers, peft, trl), or run the script with "
+            "'overdrive launch --as_accelerate script.py'")
+    _finder = _AccelerateFinder()
+    sys.meta_path.insert(0, _finder)
+
+
+def uninstall_as_accelerate() -> None:
+    """Undo ``install_as_accelerate()``: ``import accelerate`` finds the real package again (if installed).
+
+    Libraries that already imported names from ``accelerate`` keep the overdrive objects they hold."""
+    global _finder
+    if _finder is not None:
+        while _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        _finder = None
+    for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
+        module = sys.modules[name]
+        if getattr(getattr(module, "__spec__", None), "name", "").split(".")[0] == "overdrive":
+            del sys.modules[name]

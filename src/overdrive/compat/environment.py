@@ -1,0 +1,154 @@
+"""Accelerate's environment helpers (``accelerate.utils.environment``), for user code that calls them.
+
+These read variables because reading one is what the caller asked for; overdrive itself reads its
+settings only in the resolver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from overdrive.utils.misc import patch_environment
+
+__all__ = ["str_to_bool", "get_int_from_env", "parse_flag_from_env", "parse_choice_from_env",
+           "are_libraries_initialized", "get_current_device_type", "get_gpu_info", "check_cuda_p2p_ib_support",
+           "check_cuda_fp8_capability", "set_numa_affinity", "clear_environment", "patch_environment",
+           "purge_accelerate_environment", "convert_dict_to_env_variables", "get_cpu_distributed_information"]
+
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+_FALSE = ("n", "no", "f", "false", "off", "0")
+
+
+def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
+    """1/0 (or True/False with ``to_bool``) for a yes/no word; ``ValueError`` naming the word otherwise."""
+    word = str(value).strip().lower()
+    if word in _TRUE:
+        return True if to_bool else 1
+    if word in _FALSE:
+        return False if to_bool else 0
+    raise ValueError(f"invalid truth value {value!r}: use one of {', '.join(_TRUE + _FALSE)}")
+
+
+def get_int_from_env(env_keys: list[str], default: int) -> int:
+    """The first non-negative integer among the variables ``env_keys``, else ``default``."""
+    for key in env_keys:
+        value = int(os.environ.get(key, -1))
+        if value >= 0:
+            return value
+    return default
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    return str_to_bool(os.environ.get(key, str(default))) == 1
+
+
+def parse_choice_from_env(key: str, default: str = "no") -> str:
+    return os.environ.get(key, str(default))
+
+
+def are_libraries_initialized(*library_names: str) -> list[str]:
+    """Those of ``library_names`` already imported in this process."""
+    return [name for name in library_names if name in sys.modules]
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """``(device type, distributed type)`` of this machine's accelerator, without initialising it."""
+    import torch
+
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    kind = accelerator.type if accelerator is not None else "cuda"
+    return kind, "MULTI_GPU" if kind == "cuda" else f"MULTI_{kind.upper()}"
+
+
+def get_gpu_info() -> tuple[list[str], int]:
+    """Names and count of the CUDA devices (empty on a machine without them)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return [], 0
+    count = torch.cuda.device_count()
+    return [torch.cuda.get_device_name(i) for i in range(count)], count
+
+
+def check_cuda_p2p_ib_support() -> bool:
+    """False when several consumer RTX 40xx GPUs are present (their P2P/IB is known broken), else True."""
+    names, count = get_gpu_info()
+    return not (count > 1 and any("RTX 40" in name for name in names))
+
+
+def check_cuda_fp8_capability() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Not applied by overdrive (torchrun's ``--numa-binding`` does it): a no-op kept for callers."""
+    return None
+
+
+@contextlib.contextmanager
+def clear_environment() -> Iterator[None]:
+    """Run the block with an empty ``os.environ``, restoring it afterwards."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _accelerate_variables_restored() -> Iterator[None]:
+    saved = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("ACCELERATE_")]:
+            os.environ.pop(key)
+        os.environ.update(saved)
+
+
+def purge_accelerate_environment(func_or_cls: Any) -> Any:
+    """Decorator: ``ACCELERATE_*`` variables the function (or each ``test*`` method) sets are removed after."""
+    def wrap(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _accelerate_variables_restored():
+                return function(*args, **kwargs)
+
+        return wrapper
+
+    if not isinstance(func_or_cls, type):
+        return wrap(func_or_cls)
+    for name in dir(func_or_cls):
+        if name.startswith("test") and callable(getattr(func_or_cls, name)):
+            setattr(func_or_cls, name, wrap(getattr(func_or_cls, name)))
+    return func_or_cls
+
+
+def convert_dict_to_env_variables(current_env: dict[str, Any]) -> list[str]:
+    """``KEY=value`` lines for the entries whose key and value contain no ';' or newline."""
+    bad = (";", "\n")
+    return [f"{k}={v}\n" for k, v in current_env.items()
+            if not any(c in str(k) for c in bad) and not any(c in str(v) for c in bad)]
+
+
+def get_cpu_distributed_information() -> Any:
+    """rank, world_size, local_rank, local_world_size of this CPU process, from the launcher's variables."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
+        world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),
+        local_rank=get_int_from_env(["LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                     "MV2_COMM_WORLD_LOCAL_RANK"], 0),
+        local_world_size=get_int_from_env(["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                           "MV2_COMM_WORLD_LOCAL_SIZE"], 1),
+    )

@@ -1,0 +1,123 @@
+"""``save_fsdp_model`` / ``load_fsdp_model`` / ``save_fsdp_optimizer`` / ``load_fsdp_optimizer`` /
+``merge_fsdp_weights`` with Accelerate's signatures, over ``torch.distributed.checkpoint``.
+
+Each process writes and reads its own shards (any model: FSDP2, DDP or plain), so a folder written at
+one world size loads at another. ``merge_fsdp_weights`` is overdrive's ``merge-weights``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from overdrive.compat.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
+
+
+def _folder(root: str | os.PathLike, stem: str, index: int) -> Path:
+    return Path(root) / (stem if index == 0 else f"{stem}_{index}")
+
+
+def _options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=False)
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+
+
+def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: nn.Module, output_dir: str | os.PathLike,
+                    model_index: int = 0, adapter_only: bool = False) -> None:
+    """Write ``model``'s (sharded) state to ``output_dir/pytorch_model_fsdp[_<index>]``; call on every process."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(_inner(model), options=_options())
+    if adapter_only:
+        state = {k: v for k, v in state.items() if "lora_" in k or "adapter" in k}
+    dcp.save({"model": state}, checkpoint_id=str(_folder(output_dir, FSDP_MODEL_NAME, model_index)))
+
+
+def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: nn.Module, input_dir: str | os.PathLike,
+                    model_index: int = 0, adapter_only: bool = False) -> None:
+    """Read what ``save_fsdp_model`` wrote into ``model`` (at this or another number of processes)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    folder = _folder(input_dir, FSDP_MODEL_NAME, model_index)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no FSDP model checkpoint at {folder}; write one with save_fsdp_model")
+    inner = _inner(model)
+    state = get_model_state_dict(inner, options=_options())
+    if adapter_only:
+        state = {k: v for k, v in state.items() if "lora_" in k or "adapter" in k}
+    wrapped = {"model": state}
+    dcp.load(wrapped, checkpoint_id=str(folder))
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    set_model_state_dict(inner, wrapped["model"], options=StateDictOptions(strict=not adapter_only))
+
+
+def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: nn.Module,
+                        output_dir: str | os.PathLike, optimizer_index: int = 0) -> None:
+    """Write ``optimizer``'s (sharded) state to ``output_dir/optimizer[_<index>]``; call on every process."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    inner_optimizer = getattr(optimizer, "optimizer", optimizer)
+    state = get_optimizer_state_dict(_inner(model), inner_optimizer, options=_options())
+    dcp.save({"optimizer": state}, checkpoint_id=str(_folder(output_dir, OPTIMIZER_NAME, optimizer_index)))
+
+
+def load_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: nn.Module,
+                        input_dir: str | os.PathLike, optimizer_index: int = 0, adapter_only: bool = False) -> None:
+    """Read what ``save_fsdp_optimizer`` wrote into ``optimizer``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    folder = _folder(input_dir, OPTIMIZER_NAME, optimizer_index)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no FSDP optimizer checkpoint at {folder}; write one with save_fsdp_optimizer")
+    inner_optimizer = getattr(optimizer, "optimizer", optimizer)
+    inner = _inner(model)
+    wrapped = {"optimizer": get_optimizer_state_dict(inner, inner_optimizer, options=_options())}
+    dcp.load(wrapped, checkpoint_id=str(folder))
+    set_optimizer_state_dict(inner, inner_optimizer, wrapped["optimizer"], options=_options())
+
+
+def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.PathLike,
+                       safe_serialization: bool = True, remove_checkpoint_dir: bool = False) -> None:
+    """Merge a sharded model checkpoint into one full set of weights in ``output_path``.
+
+    ``checkpoint_dir`` is a ``save_fsdp_model`` folder (``pytorch_model_fsdp_0``-style) or an overdrive
+    ``save_state`` folder."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    source = Path(checkpoint_dir)
+    if (source / "manifest.json").is_file() or not (source / ".metadata").is_file():
+        from overdrive.checkpoint.export import merge_weights
+
+        merge_weights(source, output_path, safe_serialization=safe_serialization)
+    else:
+        out = Path(output_path)
+        out.mkdir(parents=True, exist_ok=True)
+        scratch = out / "_merged.pt"
+        dcp_to_torch_save(str(source), str(scratch))
+        state = torch.load(scratch, weights_only=True)
+        scratch.unlink()
+        weights = state.get("model", state)
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
+                      metadata={"format": "pt"})
+        else:
+            torch.save(weights, out / "pytorch_model.bin")
+    if remove_checkpoint_dir:
+        shutil.rmtree(source)

@@ -1,0 +1,213 @@
+"""Accelerate's ``is_*_available`` helpers, answered truthfully and without importing the packages.
+
+Packages are looked up with ``importlib.util.find_spec``; devices are asked of torch. These are the
+functions behind ``accelerate.utils.imports`` (and ``accelerate.utils``) under the alias.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that fails to import, or a module with no spec
+        return False
+
+
+def _version_at_least(distribution: str, minimum: str) -> bool:
+    import importlib.metadata as metadata
+
+    from packaging.version import Version
+
+    try:
+        return Version(metadata.version(distribution)) >= Version(minimum)
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+
+
+def _package_check(name: str, *modules: str) -> Callable[..., bool]:
+    def check(*args: Any, **kwargs: Any) -> bool:
+        return any(_has(module) for module in modules)
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = f"Whether {' or '.join(modules)} is installed (found without importing it)."
+    return check
+
+
+# name -> the importable modules any of which makes it True
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "is_aim_available": ("aim",), "is_amdsmi_available": ("amdsmi",), "is_boto3_available": ("boto3",),
+    "is_clearml_available": ("clearml",), "is_comet_ml_available": ("comet_ml",),
+    "is_datasets_available": ("datasets",), "is_deepspeed_available": ("deepspeed",),
+    "is_dvclive_available": ("dvclive",), "is_import_timer_available": ("import_timer",),
+    "is_lomo_available": ("lomo_optim",), "is_matplotlib_available": ("matplotlib",),
+    "is_mlflow_available": ("mlflow",), "is_msamp_available": ("msamp",), "is_pandas_available": ("pandas",),
+    "is_peft_available": ("peft",), "is_pynvml_available": ("pynvml",), "is_pytest_available": ("pytest",),
+"is_sagemaker_available": ("sagemaker",),
+    "is_schedulefree_available": ("schedulefree",), "is_swanlab_available": ("swanlab",),
+    "is_tensorboard_available": ("tensorboard", "tensorboardX"), "is_timm_available": ("timm",),
+    "is_torchao_available": ("torchao",), "is_torchdata_available": ("torchdata",),
+    "is_torchvision_available": ("torchvision",), "is_transformer_engine_available": ("transformer_engine",),
+    "is_transformers_available": ("transformers",), "is_triton_available": ("triton",),
+    "is_wandb_available": ("wandb",), "is_bnb_available": ("bitsandbytes",), "is_tqdm_available": ("tqdm",),
+    "is_torch_xla_available": ("torch_xla",), "is_numpy_available": ("numpy",),
+}
+globals().update({name: _package_check(name, *modules) for name, modules in PACKAGES.items()})
+
+
+def is_rich_available() -> bool:
+    """Whether rich is installed and its tracebacks are asked for (ACCELERATE_ENABLE_RICH, as in Accelerate)."""
+    from overdrive.compat.environment import parse_flag_from_env
+
+    return _has("rich") and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
+
+
+def is_trackio_available() -> bool:
+    """Whether trackio is installed (it needs Python 3.10+)."""
+    return sys.version_info >= (3, 10) and _has("trackio")
+
+
+def is_megatron_lm_available() -> bool:
+    """Whether megatron-core is installed."""
+    return _has("megatron") and _has("megatron.core")
+
+
+def is_4bit_bnb_available() -> bool:
+    return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.37.2")
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.44.0")
+
+
+def is_torchdata_stateful_dataloader_available() -> bool:
+    """Whether torchdata's ``StatefulDataLoader`` (torchdata 0.8+) is installed."""
+    return _has("torchdata") and _has("torchdata.stateful_dataloader")
+
+
+def is_cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def is_rocm_available() -> bool:
+    return torch.version.hip is not None and torch.cuda.is_available()
+
+
+def is_mps_available(min_version: str = "1.12") -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def is_xpu_available(check_device: bool = False) -> bool:
+    return hasattr(torch, "xpu") and torch.xpu.is_available()
+
+
+def _plugin_device(module: str, attribute: str) -> Callable[..., bool]:
+    def check(*args: Any, **kwargs: Any) -> bool:
+        if not _has(module):
+            return False
+        device = getattr(torch, attribute, None)
+        return bool(device is not None and device.is_available())
+
+    check.__name__ = check.__qualname__ = f"is_{attribute}_available"
+    check.__doc__ = f"Whether the {attribute} device (package {module}) is installed and present."
+    return check
+
+
+is_npu_available = _plugin_device("torch_npu", "npu")
+is_mlu_available = _plugin_device("torch_mlu", "mlu")
+is_musa_available = _plugin_device("torch_musa", "musa")
+is_sdaa_available = _plugin_device("torch_sdaa", "sdaa")
+is_hpu_available = _plugin_device("habana_frameworks", "hpu")
+is_neuron_available = _plugin_device("torch_neuronx", "neuron")
+
+
+def is_habana_gaudi1() -> bool:
+    """Whether this is a first-generation Gaudi (False unless a Gaudi device is present)."""
+    if not is_hpu_available():
+        return False
+    import habana_frameworks.torch.utils.experimental as htexp  # type: ignore[import-not-found]
+
+    return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
+
+
+def is_xccl_available() -> bool:
+    import torch.distributed as dist
+
+    check = getattr(getattr(dist, "distributed_c10d", None), "is_xccl_available", None)
+    return bool(check and check())
+
+
+def is_torch_distributed_available() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available()
+
+
+def is_pippy_available() -> bool:
+    """Whether ``torch.distributed.pipelining`` (PyTorch's pipeline parallelism) is present."""
+    return _has("torch.distributed.pipelining")
+
+
+def is_weights_only_available() -> bool:
+    """Whether ``torch.load(weights_only=True)`` exists (always, on the PyTorch overdrive needs)."""
+    return True
+
+
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """Whether bf16 compute is available here (CUDA: the device supports it; a CPU always does)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return True
+
+
+def is_fp16_available() -> bool:
+    """Whether fp16 mixed precision can run here (overdrive runs it on every device, CPU included)."""
+    return True
+
+
+def is_fp8_available() -> bool:
+    """Whether an fp8 backend overdrive can use (torchao, Transformer Engine or MS-AMP) is installed."""
+    return _has("torchao") or _has("transformer_engine") or _has("msamp")
+
+
+def is_transformer_engine_mxfp8_available() -> bool:
+    if not _has("transformer_engine"):
+        return False
+    import transformer_engine.pytorch as te  # type: ignore[import-not-found]
+
+    return bool(getattr(te, "fp8", None) and te.fp8.check_mxfp8_support()[0])
+
+
+def _required(check: Callable[[], bool], package: str) -> Callable[[Callable], Callable]:
+    def decorator(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not check():
+                raise ImportError(f"{function.__name__} needs {package}: pip install {package}")
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def deepspeed_required(function: Callable) -> Callable:
+    """Decorator: the function raises ``ImportError`` naming the package when DeepSpeed is missing."""
+    return _required(lambda: _has("deepspeed"), "deepspeed")(function)
+
+
+def torchao_required(function: Callable) -> Callable:
+    """Decorator: the function raises ``ImportError`` naming the package when torchao is missing."""
+    return _required(lambda: _has("torchao"), "torchao")(function)

@@ -1,0 +1,77 @@
+"""Accelerate names overdrive keeps importable but refuses to run, each with its reason and alternative.
+
+One entry per name: ``name -> (kind, why, instead)``; kind ``"class"`` (construction raises) or
+``"function"`` (calling raises). The names become attributes of this module.
+"""
+
+from __future__ import annotations
+
+from overdrive.compat.unsupported import refusing_class, refusing_function
+
+_LAUNCH = ("overdrive starts processes through torchrun itself", "use 'overdrive launch' (or notebook_launcher)")
+_MEGATRON = ("overdrive drives megatron-core through MegatronLMPlugin, not Megatron-LM's training loop",
+             "use Accelerator(megatron_lm_plugin=MegatronLMPlugin(...)) and a plain training loop")
+_TE = ("Transformer Engine fp8 needs an NVIDIA GPU and is not wired in overdrive",
+       "use mixed_precision='fp8' (torchao) or bf16")
+_FSDP2 = ("overdrive applies FSDP2 itself in accelerator.prepare()",
+          "pass FullyShardedDataParallelPlugin(...) to Accelerator and call prepare()")
+_COMPILE = ("regional compilation is applied by the Accelerator",
+            "use Accelerator(dynamo_plugin=TorchDynamoPlugin(use_regional_compilation=True))")
+
+REFUSALS: dict[str, tuple[str, str, str]] = {
+    # launch helpers of Accelerate's own launcher
+    "PrepareForLaunch": ("class", *_LAUNCH),
+    "prepare_deepspeed_cmd_env": ("function", *_LAUNCH),
+    "prepare_multi_gpu_env": ("function", *_LAUNCH),
+    "prepare_sagemager_args_inputs": ("function", "SageMaker launches are not supported", _LAUNCH[1]),
+    "prepare_simple_launcher_cmd_env": ("function", *_LAUNCH),
+    "prepare_tpu": ("function", "TPUs (torch_xla) are not supported", "train on CPU or GPU processes"),
+    "install_xla": ("function", "TPUs (torch_xla) are not supported", "train on CPU or GPU processes"),
+    # Megatron-LM training-loop objects
+    "AbstractTrainStep": ("class", *_MEGATRON), "BertTrainStep": ("class", *_MEGATRON),
+    "GPTTrainStep": ("class", *_MEGATRON), "T5TrainStep": ("class", *_MEGATRON),
+    "MegatronLMDummyDataLoader": ("class", *_MEGATRON), "MegatronLMDummyScheduler": ("class", *_MEGATRON),
+    "avg_losses_across_data_parallel_group": ("function", *_MEGATRON),
+    "add_model_config_to_megatron_parser": ("function", *_MEGATRON),
+    # fp8 back ends other than torchao
+    "apply_fp8_autowrap": ("function", *_TE), "contextual_fp8_autocast": ("function", *_TE),
+    "convert_model": ("function", *_TE),
+    "MSAMPRecipeKwargs": ("class", "MS-AMP is not supported", "use mixed_precision='fp8' (torchao) or bf16"),
+    "FP8RecipeKwargs": ("class", "FP8RecipeKwargs is Accelerate's deprecated catch-all",
+                        "use AORecipeKwargs (torchao) with mixed_precision='fp8'"),
+    # FSDP2 internals Accelerate exposes
+    "fsdp2_prepare_model": ("function", *_FSDP2), "fsdp2_load_full_state_dict": ("function", *_FSDP2),
+    "fsdp2_switch_optimizer_parameters": ("function", *_FSDP2), "fsdp2_apply_ac": ("function", *_FSDP2),
+    "fsdp2_canonicalize_names": ("function", *_FSDP2), "ensure_weights_retied": ("function", *_FSDP2),
+    "get_fsdp2_grad_scaler": ("function", "an FSDP2 grad scaler is made by the Accelerator for fp16",
+                              "use Accelerator(mixed_precision='fp16') and accelerator.scaler"),
+    "compile_regions": ("function", *_COMPILE), "compile_regions_deepspeed": ("function", *_COMPILE),
+    "compile_regions_fsdp2": ("function", *_COMPILE),
+    # bitsandbytes quantisation
+    "BnbQuantizationConfig": ("class", "bitsandbytes quantisation through Accelerate is not supported",
+                              "quantise with transformers' BitsAndBytesConfig when loading the model"),
+    "load_and_quantize_model": ("function", "bitsandbytes quantisation through Accelerate is not supported",
+                                "quantise with transformers' BitsAndBytesConfig when loading the model"),
+    # DeepSpeed internals
+    "DeepSpeedEngineWrapper": ("class", "overdrive drives the DeepSpeed engine itself",
+                               "call accelerator.backward(loss) and optimizer.step() on the prepared objects"),
+    "map_pytorch_optim_to_deepspeed": ("function", "overdrive hands the torch optimizer to DeepSpeed as it is",
+                                       "prepare a torch optimizer (or DummyOptim) with accelerator.prepare()"),
+    "DeepSpeedSequenceParallelConfig": ("class", "DeepSpeed Ulysses sequence parallelism is not supported",
+                                        "use ParallelismConfig(cp_size=...) on GPUs"),
+    "TorchContextParallelConfig": ("class", "context-parallel settings are ParallelismConfig fields in overdrive",
+                                   "use ParallelismConfig(cp_size=..., cp_comm_strategy=...)"),
+    "TorchTensorParallelConfig": ("class", "tensor-parallel settings are ParallelismConfig fields in overdrive",
+                                  "use ParallelismConfig(tp_size=...)"),
+    "copy_tensor_to_devices": ("function", "it exists for XLA devices, which overdrive does not support",
+                               "use broadcast(tensor)"),
+    # Accelerate's checkpoint internals
+    **dict.fromkeys(("save_accelerator_state", "load_accelerator_state", "save_custom_state", "load_custom_state"),
+                    ("function", "overdrive's checkpoints are written by its own checkpoint package",
+                     "use accelerator.save_state(dir) / accelerator.load_state(dir)")),
+}
+
+globals().update({
+    name: (refusing_class if kind == "class" else refusing_function)(name, why, instead)
+    for name, (kind, why, instead) in REFUSALS.items()
+})

@@ -1,0 +1,136 @@
+"""install_as_accelerate(): ``import accelerate`` gives overdrive's modules, version checks pass, undo works,
+and the real Accelerate imported first is refused. Each check runs in a fresh interpreter (the alias and
+the real package are process-wide)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
+
+
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def result_of(code: str) -> dict:
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_table_module_is_the_overdrive_module_of_the_same_path():
+    out = result_of("""
+        import importlib, importlib.metadata as md, importlib.util, json, sys
+        import overdrive
+        from overdrive.compat.table import MODULES, ACCELERATE_VERSION
+        overdrive.install_as_accelerate()
+        overdrive.install_as_accelerate()  # twice is harmless
+        same, missing = [], []
+        for accelerate_path, overdrive_path in MODULES.items():
+            if importlib.util.find_spec(overdrive_path) is None:
+                missing.append(overdrive_path)  # a big-model module not landed yet
+                continue
+            module = importlib.import_module(accelerate_path)
+            same.append(module is importlib.import_module(overdrive_path)
+                        and module.__spec__.name == overdrive_path)
+        from accelerate.utils import DistributedType
+        from overdrive.config import DistributedType as Own
+        import accelerate.utils.dataclasses as dataclasses
+        print(json.dumps({
+            "all_same": all(same), "checked": len(same), "missing": missing,
+            "version": md.version("accelerate"), "expected": ACCELERATE_VERSION,
+            "dist_name": md.distribution("accelerate").metadata["Name"],
+            "top_level": md.packages_distributions().get("accelerate"),
+            "same_class": DistributedType is Own and dataclasses.DistributedType is Own,
+            "is_overdrive": sys.modules["accelerate"] is overdrive,
+        }))
+    """)
+    assert out["all_same"] and out["checked"] >= 30, out
+    assert set(out["missing"]) <= {f"overdrive.{p}" for p in ("hooks", "big_modeling", "inference", "utils.modeling",
+                                                                "utils.offload")}
+    assert out["version"] == out["expected"] and out["dist_name"] == "accelerate"
+    assert "accelerate" in out["top_level"]
+    assert out["same_class"] and out["is_overdrive"]
+
+
+def test_library_version_checks_pass_through_the_alias():
+    pytest.importorskip("transformers")
+    out = result_of("""
+        import json, overdrive
+        overdrive.install_as_accelerate()
+        from transformers.utils import is_accelerate_available
+        from transformers.utils.versions import require_version
+        require_version("accelerate>=1.0")
+        print(json.dumps({"available": is_accelerate_available(), "new_enough": is_accelerate_available("1.10.1")}))
+    """)
+    assert out == {"available": True, "new_enough": True}
+
+
+def test_unknown_accelerate_path_names_the_table():
+    proc = run_python("""
+        import overdrive
+        overdrive.install_as_accelerate()
+        import accelerate.no_such_module
+    """)
+    assert proc.returncode != 0
+    assert "ModuleNotFoundError" in proc.stderr and "overdrive.compat.table" in proc.stderr
+
+
+def test_nothing_changes_without_the_call():
+    out = result_of("""
+        import json, sys, importlib.util
+        import overdrive, overdrive.utils
+        from overdrive.utils import is_peft_model  # compat names are there, the alias is not
+        print(json.dumps({"aliased": "accelerate" in sys.modules,
+                          "finders": [type(f).__name__ for f in sys.meta_path]}))
+    """)
+    assert not out["aliased"] and "_AccelerateFinder" not in out["finders"]
+
+
+@pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate is not installed")
+def test_uninstall_gives_back_the_real_package():
+    out = result_of("""
+        import json, sys, importlib.metadata as md
+        import overdrive
+        overdrive.install_as_accelerate()
+        import accelerate
+        aliased = accelerate is overdrive
+        overdrive.uninstall_as_accelerate()
+        del accelerate
+        import accelerate
+        print(json.dumps({"aliased": aliased, "real": accelerate is not overdrive
+                          and accelerate.__file__.endswith("accelerate/__init__.py"),
+                          "version": md.version("accelerate"), "installed": overdrive.compat.alias.is_installed_as_accelerate()}))
+    """)
+    assert out["aliased"] and out["real"] and not out["installed"]
+
+
+@pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate is not installed")
+def test_refuses_after_the_real_accelerate_was_imported_and_changes_nothing():
+    out = result_of("""
+        import json, sys
+        import accelerate
+        import overdrive
+        before = list(sys.meta_path)
+        try:
+            overdrive.install_as_accelerate()
+            error = None
+        except overdrive.compat.alias.AccelerateAliasError as exc:
+            error = str(exc)
+        print(json.dumps({"error": error, "unchanged": sys.meta_path == before,
+                          "still_real": sys.modules["accelerate"] is accelerate}))
+    """)
+    assert out["error"] and "already imported" in out["error"] and "--as_accelerate" in out["error"]
+    assert out["unchanged"] and out["still_real"]
