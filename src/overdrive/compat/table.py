@@ -7,7 +7,7 @@
 - :data:`ABSENT`: Accelerate names overdrive does not provide, with the reason.
 - :data:`PENDING`: names another part of overdrive is building, with who builds them.
 
-``tests/test_accelerate_compat.py`` checks this table against the installed Accelerate, and
+``tests/compat/test_accelerate_compat.py`` checks this table against the installed Accelerate, and
 ``scripts/accelerate_parity.py`` writes docs/accelerate_parity.md from it. Pure data: importing it is cheap.
 """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = str(Path(__file__).resolve().parent.parent / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 
 
@@ -65,6 +65,7 @@ def test_every_table_module_is_the_overdrive_module_of_the_same_path():
     assert out["same_class"] and out["is_overdrive"]
 
 
+@pytest.mark.optional
 def test_library_version_checks_pass_through_the_alias():
     pytest.importorskip("transformers")
     out = result_of("""
@@ -99,6 +100,7 @@ def test_nothing_changes_without_the_call():
     assert not out["aliased"] and "_AccelerateFinder" not in out["finders"]
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate is not installed")
 def test_uninstall_gives_back_the_real_package():
     out = result_of("""
@@ -117,6 +119,7 @@ def test_uninstall_gives_back_the_real_package():
     assert out["aliased"] and out["real"] and not out["installed"]
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate is not installed")
 def test_refuses_after_the_real_accelerate_was_imported_and_changes_nothing():
     out = result_of("""
