@@ -58,6 +58,7 @@ _EXPORTS = {
     "infer_auto_device_map": "overdrive.big_modeling",
     "install_as_accelerate": "overdrive.compat.alias",
     "uninstall_as_accelerate": "overdrive.compat.alias",
+    "prepare_pippy": "overdrive.inference",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -114,6 +115,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TorchTensorParallelPlugin,
     )
     from overdrive.data import prepare_data_loader, skip_first_batches
+    from overdrive.inference import prepare_pippy
     from overdrive.launchers.notebook import debug_launcher, notebook_launcher
     from overdrive.local_sgd import LocalSGD
     from overdrive.logging import get_logger

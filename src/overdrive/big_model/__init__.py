@@ -36,6 +36,7 @@ _MODULES = {
     "dispatch": ("dispatch_model", "cpu_offload", "cpu_offload_with_hook", "disk_offload"),
     "checkpoint_files": ("load_state_dict", "CheckpointError"),
     "loading": ("load_checkpoint_in_model", "load_checkpoint_and_dispatch"),
+    "pippy": ("prepare_pippy",),
 }
 
 #: public name -> the module of this package that defines it
