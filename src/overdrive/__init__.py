@@ -29,6 +29,8 @@ _EXPORTS = {
     "InitProcessGroupKwargs": "overdrive.config",
     "AutocastKwargs": "overdrive.config",
     "ProfileKwargs": "overdrive.config",
+    "AORecipeKwargs": "overdrive.config",
+    "TERecipeKwargs": "overdrive.config",
     "DDPCommunicationHookType": "overdrive.config",
     "FullyShardedDataParallelPlugin": "overdrive.config",
     "DeepSpeedPlugin": "overdrive.config",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from overdrive.compat.alias import install_as_accelerate, uninstall_as_accelerate
     from overdrive.config import (
+        AORecipeKwargs,
         AutocastKwargs,
         DataLoaderConfiguration,
         DDPCommunicationHookType,
@@ -112,6 +115,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         PipelineConfig,
         ProfileKwargs,
         ProjectConfiguration,
+        TERecipeKwargs,
         TorchTensorParallelPlugin,
     )
     from overdrive.data import prepare_data_loader, skip_first_batches

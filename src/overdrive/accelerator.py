@@ -101,7 +101,7 @@ class Accelerator:
             self.plan.strategy, device=self.device, ddp=self.plan.ddp, mesh=self.mesh, precision=self.precision,
             fsdp=self.plan.fsdp, tp=self.plan.tp, dynamo_backend=self.plan.dynamo_backend,
             pipeline=self.plan.pipeline, stage_strategy=self.plan.stage_strategy,
-            loss_divisor=lambda: self._loss_divisor, deepspeed=self.plan.deepspeed)
+            loss_divisor=lambda: self._loss_divisor, deepspeed=self.plan.deepspeed, fp8=self.plan.fp8)
         self.scaler = self.precision.scaler
         self.step = 0
         self._window_pos = 0
@@ -111,6 +111,7 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoader] = []
         self._hooks: dict[int, list[Any]] = {}
+        self._fp8_replaced: dict[int, Any] = {}  # parameters apply_fp8 replaced: id(old) -> (weakref(old), new)
         self.flag_tensor: torch.Tensor | None = None
         self._custom_objects: list[Any] = []  # register_for_checkpointing
         self._save_state_pre_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
@@ -334,6 +335,12 @@ class Accelerator:
                 "materialise it first (model.to_empty(device=...) then load its weights)")
         if self.plan.device_placement if device_placement is None else device_placement:
             model = model.to(self.device)
+        if self.plan.fp8 is not None:
+            # After placement (torchao's float8 weights cannot move), before compile and DDP, which must
+            # see the float8 modules. FSDP2 converts in its own wrap_model, at the same point.
+            from overdrive.precision.fp8 import apply_fp8
+
+            self._fp8_replaced.update(apply_fp8(model, self.plan.fp8))
         self._hooks[id(model)] = self.precision.attach(model)
         if self.plan.dynamo_backend:
             model = torch.compile(model, backend=self.plan.dynamo_backend)
@@ -344,7 +351,14 @@ class Accelerator:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
                           device_placement: bool | None = None) -> AcceleratedOptimizer:
-        optimizer = self.strategy.prepare_optimizer(optimizer, self._models)
+        if self.plan.fp8 is not None:
+            from overdrive.precision.fp8 import precompute_scales_after_step, repoint_optimizer
+
+            repoint_optimizer(optimizer, self._fp8_replaced)  # weights torchao wrapped for fp8 all-gather
+            optimizer = self.strategy.prepare_optimizer(optimizer, self._models)
+            precompute_scales_after_step(optimizer, self._models)
+        else:
+            optimizer = self.strategy.prepare_optimizer(optimizer, self._models)
         prepared = AcceleratedOptimizer(optimizer, scaler=self.scaler, gradient_state=self.gradient_state)
         self._optimizers.append(prepared)
         return prepared

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from overdrive.config import (
+    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -30,6 +31,7 @@ from overdrive.config import (
     ProfileKwargs,
     ProjectConfiguration,
     RNGType,
+    TERecipeKwargs,
     TorchTensorParallelPlugin,
     field_names,
 )
@@ -142,6 +144,8 @@ class TrainingPlan:
     stage_strategy: str | None = None
     #: with DeepSpeed: the plugins and the settings that fill their "auto" values (a ``DeepSpeedSettings``)
     deepspeed: Any = None
+    #: with mixed_precision="fp8": the recipe (``AORecipeKwargs`` / ``TERecipeKwargs``, defaults filled in)
+    fp8: AORecipeKwargs | TERecipeKwargs | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,8 @@ _HANDLER_SLOTS = {
     AutocastKwargs: "autocast",
     ProfileKwargs: "profile",
     InitProcessGroupKwargs: "init",
+    AORecipeKwargs: "fp8",
+    TERecipeKwargs: "fp8",
 }
 
 
@@ -239,6 +245,9 @@ def split_kwargs_handlers(handlers: list[Any] | None) -> dict[str, Any]:
         if slot is None:
             valid = ", ".join(cls.__name__ for cls in _HANDLER_SLOTS)
             raise ValueError(f"kwargs_handlers got {handler!r}, which is not one of: {valid}")
+        if slot == "fp8" and slot in found:
+            raise ValueError(f"kwargs_handlers has two fp8 recipes ({type(found[slot]).__name__} and "
+                             f"{type(handler).__name__}); give one")
         if slot in found:
             raise ValueError(f"kwargs_handlers has two {type(handler).__name__} objects; give one")
         found[slot] = handler
@@ -310,6 +319,14 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         precision = precision_policy(mixed_precision, process.device)
     except ValueError as exc:
         errors.append(str(exc))
+    fp8 = None
+    if precision is not None:
+        from overdrive.precision.fp8 import resolve_fp8
+
+        fp8 = resolve_fp8(handlers.get("fp8"), launched.get("fp8_config"), precision.name, process.device,
+                          "deepspeed" if deepspeed is not None else parallel.strategy,
+                          parallel.dims.shards_parameters, errors,
+                          efficient_loading=bool(parallel.fsdp and parallel.fsdp.cpu_ram_efficient_loading))
     if parallel.pipeline is not None and precision is not None and precision.loss_scaling:
         errors.append(f"mixed_precision={mixed_precision!r} scales the loss, which pipeline parallelism does not "
                       "support yet (an overflow must be agreed by every stage); use 'bf16' or 'no'")
@@ -385,4 +402,5 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         pipeline=parallel.pipeline,
         stage_strategy=parallel.stage_strategy,
         deepspeed=deepspeed,
+        fp8=fp8,
     )

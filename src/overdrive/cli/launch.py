@@ -275,6 +275,12 @@ def resolve(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     interval = pick("monitor_interval", cf._float, 0.1)
     gpu_ids = pick("gpu_ids", cf._gpu_ids, "all")
     precision = pick("mixed_precision", cf._choice(cf.MIXED_PRECISION), "no")
+    if precision.value == "fp8":  # a missing package or GPU fails here once, not in every worker
+        from overdrive.precision.fp8 import fp8_unavailable
+
+        fp8_problem = fp8_unavailable((config.get("fp8_config") or {}).get("backend"), "cpu" if cpu else device_type)
+        if fp8_problem:
+            problems.append(f"{precision.source}: mixed_precision 'fp8': {fp8_problem}")
     accumulation = pick("gradient_accumulation_steps", cf._int(minimum=1), 1)
     threads = pick("num_cpu_threads_per_process", cf._int(minimum=1), None)
     debug = pick("debug", cf._bool, False)

@@ -214,7 +214,6 @@ _TRACKERS = ("CometMLTracker ClearMLTracker DVCLiveTracker TrackioTracker SwanLa
 #: names another part of overdrive is building: name -> who (tests skip them, naming the owner, until they exist)
 PENDING: dict[str, str] = {
     "TorchDynamoPlugin": "arch-core (issue 11): TorchDynamoPlugin in the config layer",
-    "AORecipeKwargs": "speed (issue 15): fp8 recipes", "TERecipeKwargs": "speed (issue 15): fp8 recipes",
     **dict.fromkeys(_BIG_MODEL_UTILS, "bigmodel (issue 13): big-model compat modules"),
     "prepare_pippy": "bigmodel (issue 13): big-model compat modules",
     **dict.fromkeys(_TRACKERS.split(), "ecosystem (issue 12): more trackers"),

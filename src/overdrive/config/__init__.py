@@ -6,6 +6,7 @@ the environment into one frozen plan. One file per theme:
 
 - ``enums``: ``DistributedType``, ``PrecisionType``, ``RNGType``, ``LoggerType``, ``DDPCommunicationHookType``
 - ``kwargs``: the ``*Kwargs`` handlers and ``GradientAccumulationPlugin``
+- ``fp8``: ``AORecipeKwargs``, ``TERecipeKwargs`` (``mixed_precision="fp8"``)
 - ``project``: ``ProjectConfiguration``, ``DataLoaderConfiguration``
 - ``parallelism`` / ``pipeline``: ``ParallelismConfig``, ``TorchTensorParallelPlugin``, ``PipelineConfig``
 - ``fsdp``, ``deepspeed`` (+ ``deepspeed_json``), ``megatron``: the strategy plugins
@@ -23,6 +24,7 @@ from overdrive.config.enums import (
     enum_choice,
     field_names,
 )
+from overdrive.config.fp8 import AO_RECIPE_NAMES, AORecipeKwargs, TERecipeKwargs
 from overdrive.config.fsdp import FSDP_CONFIG_KEYS, FullyShardedDataParallelPlugin
 from overdrive.config.kwargs import (
     AutocastKwargs,
@@ -39,7 +41,9 @@ from overdrive.config.pipeline import PipelineConfig
 from overdrive.config.project import DataLoaderConfiguration, ProjectConfiguration
 
 __all__ = [
+    "AO_RECIPE_NAMES",
     "FSDP_CONFIG_KEYS",
+    "AORecipeKwargs",
     "AutocastKwargs",
     "DataLoaderConfiguration",
     "DDPCommunicationHookType",
@@ -59,6 +63,7 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
+    "TERecipeKwargs",
     "TorchTensorParallelPlugin",
     "enum_choice",
     "field_names",

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-_DTYPES = {"no": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+# fp8: torchao / Transformer Engine run the linear layers in float8 (precision/fp8.py); the rest runs in bf16,
+# as in Accelerate
+_DTYPES = {"no": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,7 @@ def precision_policy(name: str, device: torch.device) -> PrecisionPolicy:
     key = str(getattr(name, "value", name)).lower() if name is not None else "no"
     if key not in _DTYPES:
         raise ValueError(
-            f"mixed_precision={name!r} is not valid; choose one of {sorted(_DTYPES)} "
-            "(fp8 needs torchao and comes with its own recipe)"
+            f"mixed_precision={name!r} is not valid; choose one of {sorted(_DTYPES)}"
         )
     dtype = _DTYPES[key]
     if dtype is None:

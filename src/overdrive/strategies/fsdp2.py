@@ -32,8 +32,9 @@ class FSDP2Strategy:
 
     def __init__(self, device: torch.device, mesh: ParallelMesh, precision: Any,
                  fsdp: FullyShardedDataParallelPlugin | None = None, tp: TorchTensorParallelPlugin | None = None,
-                 dynamo_backend: str | None = None, **_: Any) -> None:
+                 dynamo_backend: str | None = None, fp8: Any = None, **_: Any) -> None:
         self.device = device
+        self.fp8 = fp8  # the fp8 recipe (precision/fp8.py), applied right after placement
         self.mesh = mesh
         self.precision = precision  # the Accelerator's AmpPrecision: its policy, and autocast hooks
         self.fsdp = fsdp or FullyShardedDataParallelPlugin()
@@ -56,11 +57,9 @@ class FSDP2Strategy:
 
     # -- the model ---------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        for module in model.modules():
-            for attribute, param in module.named_parameters(recurse=False):
-                self._owners[id(param)] = (weakref.ref(param), weakref.ref(module), attribute)
         efficient = self.fsdp.cpu_ram_efficient_loading and self.shards_parameters
         if efficient:
+            self._record_owners(model)
             full, extra = _take_full_state(model)
             model.to("meta")
         else:
@@ -70,6 +69,12 @@ class FSDP2Strategy:
                 from overdrive.transforms.data_parallel import broadcast_module_states
 
                 broadcast_module_states(model)
+            replaced = {}
+            if self.fp8 is not None:  # first transform: tensor parallel, compile and fully_shard see float8 modules
+                from overdrive.precision.fp8 import apply_fp8
+
+                replaced = apply_fp8(model, self.fp8)
+            self._record_owners(model, replaced)
         apply_parallelism(model, self.mesh, self.settings)
         if efficient:
             from overdrive.transforms.data_parallel import load_from_rank0
@@ -78,6 +83,18 @@ class FSDP2Strategy:
         if not self.shards_parameters:
             self._hooks += self.precision.attach(model)
         return model
+
+    def _record_owners(self, model: nn.Module, replaced: dict[int, Any] | None = None) -> None:
+        """Remember which module attribute holds each parameter, so that an optimizer built on them can be
+        pointed at what fully_shard puts there; a parameter fp8 replaced maps to its replacement's place."""
+        where = {}
+        for module in model.modules():
+            for attribute, param in module.named_parameters(recurse=False):
+                where[id(param)] = (weakref.ref(module), attribute)
+                self._owners[id(param)] = (weakref.ref(param), weakref.ref(module), attribute)
+        for old_id, (old_ref, new) in (replaced or {}).items():
+            if id(new) in where:
+                self._owners[old_id] = (old_ref, *where[id(new)])
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model  # every transform is in place
