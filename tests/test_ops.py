@@ -167,7 +167,7 @@ def test_collectives_on_gloo(world):
         assert out["uneven"]["maybe_empty"] == [r for r in ranks for _ in range(r)]
         assert out["mismatch"] is not None
         for r in ranks:
-            assert f"rank {r}: shape (2, {r + 1})" in out["mismatch"]
+            assert f"rank {r}: float32[2, {r + 1}]" in out["mismatch"]
         assert out["gather_object"] == [f"r{r}" for r in ranks for _ in range(r + 1)]
         assert out["gather_object_single"] == [{"rank": r} for r in ranks]
         assert out["broadcast_0"] == {"x": [0.0] * 3, "y": [[0, 0]]}

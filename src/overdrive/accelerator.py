@@ -492,6 +492,12 @@ class Accelerator:
         else:
             data = ops.gather(input_data)
         state = self.gradient_state
+        loader = state.active_dataloader
+        if loader is not None and not getattr(loader, "even_batches", True):
+            # Uneven batches repeat no sample: nothing to trim. A process with fewer batches joins the longer
+            # ones' remaining gathers once its loop ends (the loader replays this call with no data).
+            loader.note_final_gather(input_data, all_tensors and not use_gather_object)
+            return data
         if not (state.end_of_dataloader and state.remainder > 0):
             return data
         if all_tensors and not use_gather_object:

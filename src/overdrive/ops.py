@@ -3,6 +3,7 @@ and the collectives (gather, reduce, broadcast, pad) across processes."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -254,19 +255,84 @@ def _exchange_shapes(leaves: list[torch.Tensor], world: int) -> torch.Tensor:
     return out.view(world, len(leaves), -1).cpu()
 
 
-def _check_agree(meta: torch.Tensor, leaves: list[torch.Tensor], op_name: str) -> None:
-    """Raise on every rank if any leaf differs across ranks in anything but dim 0."""
-    others = torch.cat([meta[:, :, :2], meta[:, :, 3:]], dim=2)
-    if bool((others == others[:1]).all()):
+# -- structure pre-flight ---------------------------------------------------------------------------------
+# Collectives over nested structures are one backend call per leaf: if the ranks' structures differ (other
+# keys, another leaf count, other shapes) the calls pair up wrongly, and gloo then aborts the process, hangs,
+# or files one rank's data under another's key. So each rank first shares a fingerprint of its structure;
+# where they differ, every rank raises the same error with every rank's description. gather's fingerprint
+# travels in the size exchange it needs anyway (no extra collective for up to _PREFLIGHT_LEAVES leaves).
+_PREFLIGHT_LEAVES = 16
+
+
+def _leaf_text(tensor: torch.Tensor, shapes: str) -> str:
+    if shapes == "all":
+        shape: tuple = tuple(tensor.shape)
+    elif shapes == "tail":  # every dim but the first
+        shape = ("*", *tensor.shape[1:]) if tensor.ndim else ()
+    else:  # "ndim": the number of dims only
+        shape = ("*",) * tensor.ndim
+    return f"{str(tensor.dtype).removeprefix('torch.')}{list(shape)}".replace("'", "")
+
+
+def describe_structure(data: Any, shapes: str = "all") -> str:
+    """A short text of ``data``'s structure: containers, keys, and each tensor's dtype and shape
+    (``shapes``: ``"all"`` dims, ``"tail"``: all but the first, ``"ndim"``: their number only).
+
+    >>> describe_structure({"x": torch.zeros(2, 3), "y": [torch.zeros(2, dtype=torch.int64)]})
+    "{'x': float32[2, 3], 'y': [int64[2]]}"
+    """
+    if isinstance(data, Mapping):
+        return "{" + ", ".join(f"{k!r}: {describe_structure(v, shapes)}" for k, v in data.items()) + "}"
+    if isinstance(data, (tuple, list)):
+        inner = ", ".join(describe_structure(v, shapes) for v in data)
+        return f"({inner})" if isinstance(data, tuple) else f"[{inner}]"
+    if isinstance(data, torch.Tensor):
+        return _leaf_text(data, shapes)
+    return type(data).__name__
+
+
+def _fingerprint(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _structure_error(op_name: str, data: Any, why: str) -> DistributedOperationException:
+    """The error every rank raises when the structures differ (one more collective: the descriptions)."""
+    described: list[Any] = [None] * _world_size()
+    dist.all_gather_object(described, describe_structure(data))
+    per_rank = "; ".join(f"rank {r}: {d}" for r, d in enumerate(described))
+    return DistributedOperationException(
+        f"{op_name}: the input does not have the same structure on every process ({why}): {per_rank}. Every process "
+        "must pass the same keys, the same number of tensors and matching dtypes and shapes")
+
+
+def _preflight(op_name: str, data: Any, leaves: list[torch.Tensor], shapes: str) -> None:
+    """Raise on every rank unless every rank's structure (with ``shapes`` as in ``describe_structure``)
+    is the same."""
+    device = leaves[0].device if leaves else torch.device("cpu")
+    local = torch.tensor([_fingerprint(describe_structure(data, shapes))], dtype=torch.int64, device=device)
+    out = local.new_empty(_world_size())
+    dist.all_gather_single(out, local)
+    if bool((out == out[0]).all()):
         return
-    # Every rank sees the same table, so all of them take this extra (error-path only) collective.
-    described = [None] * meta.shape[0]
-    dist.all_gather_object(described, [(tuple(t.shape), str(t.dtype)) for t in leaves])
-    bad = next(i for i in range(len(leaves)) if not bool((others[:, i] == others[:1, i]).all()))
-    per_rank = ", ".join(f"rank {r}: shape {d[bad][0]} {d[bad][1]}" for r, d in enumerate(described))
-    raise DistributedOperationException(
-        f"{op_name}: tensor #{bad} of the input does not match across processes ({per_rank}); every dim but "
-        "dim 0 and the dtype must be the same on every process")
+    raise _structure_error(op_name, data, "shapes" if shapes == "all" else "keys, tensors or dtypes")
+
+
+def _gather_meta(data: Any, leaves: list[torch.Tensor], world: int) -> torch.Tensor:
+    """gather's one size exchange, which also carries the structure's fingerprint: [world, leaves, row]."""
+    width = 2 + _META_DIMS
+    header = [_fingerprint(describe_structure(data, "tail")), len(leaves)] + [0] * (width - 2)
+    rows = [header] + [_shape_row(t) for t in leaves[:_PREFLIGHT_LEAVES]]
+    rows += [[0] * width] * (1 + _PREFLIGHT_LEAVES - len(rows))
+    local = torch.tensor(rows, dtype=torch.int64, device=leaves[0].device)
+    out = local.new_empty((world * local.shape[0], width))
+    dist.all_gather_single(out, local)
+    table = out.view(world, 1 + _PREFLIGHT_LEAVES, width).cpu()
+    if not bool((table[:, 0, :2] == table[0, 0, :2]).all()):
+        raise _structure_error("gather", data, "keys, tensors, dtypes or dims after the first")
+    meta = table[:, 1:1 + len(leaves)]
+    if len(leaves) > _PREFLIGHT_LEAVES:  # the same count everywhere (checked above): the rest in one more call
+        meta = torch.cat([meta, _exchange_shapes(leaves[_PREFLIGHT_LEAVES:], world)], dim=1)
+    return meta
 
 
 def _gather_one(tensor: torch.Tensor, sizes: list[int], world: int) -> torch.Tensor:
@@ -301,8 +367,7 @@ def gather(tensor: Any) -> Any:
     leaves = [t.reshape(1) if t.ndim == 0 else t for t in _tensor_leaves(tensor, "gather")]
     if not leaves:
         return tensor
-    meta = _exchange_shapes(leaves, world)
-    _check_agree(meta, leaves, "gather")
+    meta = _gather_meta(tensor, leaves, world)
     sizes = meta[:, :, 2].tolist()
     return _rebuild(tensor, [_gather_one(t, [row[i] for row in sizes], world) for i, t in enumerate(leaves)])
 
@@ -336,6 +401,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Overwrite every tensor in ``tensor``, in place, with process ``from_process``'s; returns it."""
     if _world_size() == 1:
         return tensor
+    _preflight("broadcast", tensor, _tensor_leaves(tensor, "broadcast"), "all")
     return recursively_apply(_broadcast_one, tensor, from_process, error_on_other_type=True)
 
 
@@ -378,6 +444,8 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         raise ValueError(f"reduction={reduction!r} is not supported; use one of "
                          + ", ".join(repr(r) for r in _REDUCTIONS))
     world = _world_size()
+    if world > 1 and reduction != "none":
+        _preflight("reduce", tensor, _tensor_leaves(tensor, "reduce"), "all")
     return recursively_apply(_reduce_one, tensor, reduction, scale, world, error_on_other_type=True)
 
 
@@ -403,6 +471,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_firs
     leaves = _tensor_leaves(tensor, "pad_across_processes")
     if not leaves:
         return tensor
+    _preflight("pad_across_processes", tensor, leaves, "ndim")
     dims = [dim % t.ndim if -t.ndim <= dim < t.ndim else None for t in leaves]
     local = torch.tensor([-1 if d is None else t.shape[d] for t, d in zip(leaves, dims)], dtype=torch.int64,
                          device=leaves[0].device)
@@ -411,3 +480,4 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_firs
     longest = sizes.view(world, len(leaves)).amax(dim=0).tolist()
     return _rebuild(tensor, [_pad_one(t, d, n, pad_index, pad_first)
                              for t, d, n in zip(leaves, dims, longest)])
+

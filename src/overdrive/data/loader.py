@@ -138,6 +138,38 @@ class PreparedLoaderMixin:
             self._shard.even_batches = bool(value)
         self._even_batches = bool(value)
 
+    def steps_after_own_end(self) -> int:
+        """How many steps the longest process still runs after this process's last batch: 0 unless
+        ``even_batches=False`` left the processes with different numbers of batches."""
+        shard = self._shard
+        if shard is None or shard.even_batches or not hasattr(shard, "num_steps"):
+            return 0
+        try:
+            counts = [shard.num_steps(i) for i in range(shard.num_processes)]
+        except TypeError:  # no length
+            return 0
+        return max(counts) - counts[shard.process_index]
+
+    def note_final_gather(self, local: Any, tensors: bool) -> None:
+        """``gather_for_metrics`` at this process's last batch, when longer processes run more steps: remember
+        the call, so that the end of the loop can join their gathers with an empty contribution."""
+        if self.end_of_dataloader and self.steps_after_own_end() > 0:
+            from overdrive.ops import recursively_apply
+
+            empty = recursively_apply(lambda t: t[:0] if t.ndim else t.reshape(1)[:0], local) if tensors else None
+            self.__dict__.setdefault("_final_gathers", []).append((tensors, empty))
+
+    def _join_remaining_gathers(self) -> None:
+        """The other processes' last steps, each with the gathers this process made at its own last step."""
+        calls = self.__dict__.pop("_final_gathers", [])
+        if not calls:
+            return
+        from overdrive import ops
+
+        for _ in range(self.steps_after_own_end()):
+            for tensors, empty in calls:
+                ops.gather(empty) if tensors else ops.gather_object([])
+
     @property
     def total_batch_size(self) -> int | None:
         """The global batch of one step: ``batch_size * num_processes``, or ``batch_size`` when split."""
@@ -251,6 +283,7 @@ class PreparedLoaderMixin:
         self._synchronize_rngs()
         self.batches_yielded = skip  # a position in the epoch, so skipped batches count
         self.end_of_dataloader = False
+        self.__dict__.pop("_final_gathers", None)
         self.gradient_state._add_dataloader(self)
         return skip
 
@@ -274,6 +307,7 @@ class PreparedLoaderMixin:
                     self.gradient_state.end_of_dataloader = True
                     self.gradient_state.remainder = self.remainder
                 yield batch
+            self._join_remaining_gathers()
         finally:
             self.gradient_state._remove_dataloader(self)
 
