@@ -265,6 +265,21 @@ class AcceleratorState(PartialState):
             raise ValueError(f"no DeepSpeed plugin is called {name!r}; the plugins are {sorted(plugins)}")
         return plugins
 
+    @property
+    def fsdp_plugin(self) -> Any:
+        """The FSDP plugin of the running Accelerator when it shards with FSDP, else None (transformers
+        decides from this whether FSDP is on)."""
+        return getattr(self.__dict__.get("training"), "fsdp", None)
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False, destroy_process_group: bool = False) -> None:
+        """Forget the training settings (Accelerate's signature); with ``reset_partial_state`` the process
+        state too (the process group stays unless ``destroy_process_group``; it is joined again if needed)."""
+        if reset_partial_state:
+            PartialState._reset_state(destroy_process_group=destroy_process_group)
+        else:
+            cls._shared.pop("training", None)
+
 
 class GradientState:
     """Whether gradients are synchronised this step, and where the active data loader stands.
@@ -298,6 +313,12 @@ class GradientState:
         cls._shared.clear()
 
     @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """The accumulation settings as ``GradientAccumulationPlugin`` keywords (transformers reads them)."""
+        return {"num_steps": self.num_steps, "adjust_scheduler": self.adjust_scheduler,
+                "sync_with_dataloader": self.sync_with_dataloader, "sync_each_batch": self.sync_each_batch}
+
+    @property
     def in_dataloader(self) -> bool:
         return self.active_dataloader is not None
 
@@ -323,3 +344,8 @@ class GradientState:
         previous = self.active_dataloader
         self.end_of_dataloader = bool(getattr(previous, "end_of_dataloader", False)) if previous else False
         self.remainder = getattr(previous, "remainder", -1) if previous else -1
+
+
+def is_initialized() -> bool:
+    """Whether an ``Accelerator`` (or ``AcceleratorState``) has set up the training state in this process."""
+    return "training" in AcceleratorState._shared

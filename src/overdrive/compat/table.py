@@ -240,7 +240,6 @@ ABSENT: dict[str | tuple[str, str], str] = {
     "patch_optimizer_step": "internal: overdrive never patches optimizer.step",
     "ThreadLocalSharedDict": "XLA-only internal of Accelerate's state",
     "do_nothing": "internal of Accelerate's state",
-    ("overdrive.state", "is_initialized"): "use PartialState().initialized",
     "mocked_dataloaders": "Accelerate's own test data (downloads GLUE)",
     "mocked_dataloaders_for_autoregressive_models": "Accelerate's own test data (downloads a dataset)",
     "filter_linear_layers": "internal of the torchao conversion (the Accelerator applies fp8)",
