@@ -13,8 +13,9 @@ from overdrive.big_model.hooks import (
     UserCpuOffloadHook,
     add_hook_to_module,
     remove_hook_from_module,
+    remove_hook_from_submodules,
 )
 
 __all__ = ["ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook",
-           "add_hook_to_module", "remove_hook_from_module", "attach_align_device_hook",
+           "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules", "attach_align_device_hook",
            "attach_align_device_hook_on_blocks", "attach_execution_device_hook"]

@@ -138,6 +138,12 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
     return module
 
 
+def remove_hook_from_submodules(module: nn.Module) -> None:
+    """Detach the hooks of every submodule of ``module`` (not of ``module`` itself), recursively."""
+    for child in module.children():
+        remove_hook_from_module(child, recurse=True)
+
+
 class AlignDevicesHook(ModelHook):
     """Run a module on ``execution_device``: move its inputs there, and with ``offload=True`` bring its
     weights from ``weights_map`` (CPU memory or disk) just before its forward and drop them right after.
