@@ -50,17 +50,21 @@ LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
 
 
 def launch_config() -> dict[str, Any]:
-    """The settings ``overdrive launch`` resolved for this worker (empty when started another way)."""
+    """The settings ``overdrive launch`` resolved for this worker, over those of Accelerate's variables
+    (``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_CPU``, ...: set by ``accelerate launch`` or by hand)."""
+    from overdrive.compat.accelerate_env import settings_from_environment
+
+    from_accelerate = settings_from_environment(os.environ)
     raw = os.environ.get(LAUNCH_CONFIG_VAR)
     if not raw:
-        return {}
+        return from_accelerate
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{LAUNCH_CONFIG_VAR} is not valid JSON ({exc}): {raw[:200]!r}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{LAUNCH_CONFIG_VAR} must hold a JSON object, got {raw[:200]!r}")
-    return value
+    return {**from_accelerate, **value}
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="run the target as a module, like 'python -m'")
     add_flag(parser, "no_python", action="store_true", default=False,
              help="run the target as a program, without 'python' in front")
+    add_flag(parser, "as_accelerate", action="store_true", default=False,
+             help="run an unmodified Accelerate script (or transformers / PEFT / TRL): 'import accelerate' "
+                  "gives overdrive in every worker (overdrive.install_as_accelerate)")
     hw = parser.add_argument_group("hardware")
     add_flag(hw, "cpu", action="store_true", default=None, help="train on the CPU even if there is a GPU")
     add_flag(hw, "multi_gpu", action="store_true", default=None,
@@ -366,7 +369,10 @@ def _check_together(num_processes: Value, num_machines: Value, machine_rank: Val
 def _command(args: argparse.Namespace, problems: list[str]) -> Command:
     target = args.training_script
     command = Command(target=target, args=tuple(args.training_script_args), module=bool(args.module),
-                      no_python=bool(args.no_python))
+                      no_python=bool(args.no_python), as_accelerate=bool(getattr(args, "as_accelerate", False)))
+    if command.as_accelerate and command.no_python:
+        problems.append("--as_accelerate needs a python script or module (-m): it cannot alias imports in a program "
+                        "started with --no_python")
     if command.module and command.no_python:
         problems.append("-m/--module and --no_python cannot be used together: a module needs python")
     elif command.no_python:

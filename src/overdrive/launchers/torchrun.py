@@ -76,6 +76,8 @@ class Command:
     args: tuple[str, ...] = ()
     module: bool = False
     no_python: bool = False
+    #: run the target with ``import accelerate`` giving overdrive (``overdrive launch --as_accelerate``)
+    as_accelerate: bool = False
 
 
 def default_threads(local_processes: int) -> int:
@@ -108,8 +110,8 @@ def torchrun_argv(plan: LaunchPlan, command: Command, log_dir: str) -> list[str]
     # Every worker starts in overdrive's small entry point, which ties it to this process (it dies with the
     # launcher) and arms faulthandler for hang reports, then runs the target as python would.
     kind = "program" if command.no_python else "module" if command.module else "script"
-    return argv + ["--no-python", sys.executable, "-u", "-m", "overdrive.launchers.worker", kind, command.target,
-                   *command.args]
+    entry = "overdrive.compat.worker" if command.as_accelerate else "overdrive.launchers.worker"
+    return argv + ["--no-python", sys.executable, "-u", "-m", entry, kind, command.target, *command.args]
 
 
 def patched_environ(values: Mapping[str, str | None]) -> contextlib.AbstractContextManager[None]:
@@ -132,6 +134,10 @@ def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
     if plan.debug:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     env.update(plan.visible_devices)
+    # what Accelerate's launcher exports, for libraries that read it themselves (transformers' TrainingArguments)
+    from overdrive.compat.accelerate_env import variables_for_workers
+
+    env.update(variables_for_workers(plan.worker_config))
     return env
 
 

@@ -1,0 +1,95 @@
+"""ACCELERATE_* variables read with Accelerate's meaning (bad values named), exported by ``overdrive launch``,
+and ``overdrive launch --as_accelerate`` aliasing ``accelerate`` in every worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from overdrive.compat.accelerate_env import settings_from_environment, variables_for_workers
+from test_cli import clean_env, overdrive
+
+
+def test_variables_map_to_launch_settings():
+    settings = settings_from_environment({
+        "ACCELERATE_MIXED_PRECISION": "BF16", "ACCELERATE_USE_CPU": "true",
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4", "ACCELERATE_USE_FSDP": "1", "FSDP_OFFLOAD_PARAMS": "false",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block", "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR",
+        "ACCELERATE_DYNAMO_MODE": "max-autotune", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",  # ignored: no DeepSpeed
+        "ACCELERATE_SOMETHING_INTERNAL": "whatever"})
+    assert settings == {
+        "mixed_precision": "bf16", "cpu": True, "gradient_accumulation_steps": 4, "distributed_type": "FSDP",
+        "fsdp_config": {"fsdp_offload_params": False, "fsdp_transformer_layer_cls_to_wrap": "Block"},
+        "dynamo_config": {"dynamo_backend": "inductor", "dynamo_mode": "max-autotune"}, "dynamo_backend": "inductor"}
+    assert settings_from_environment({}) == {}
+
+
+def test_every_bad_value_is_reported_naming_its_variable():
+    with pytest.raises(ValueError) as info:
+        settings_from_environment({"ACCELERATE_MIXED_PRECISION": "fp33", "ACCELERATE_USE_CPU": "maybe",
+                                   "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "0"})
+    text = str(info.value)
+    assert "ACCELERATE_MIXED_PRECISION='fp33' is not valid; choose one of no, fp16, bf16, fp8" in text
+    assert "ACCELERATE_USE_CPU='maybe' is not a yes/no value" in text
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS='0' is not valid; it must be an integer >= 1" in text
+    with pytest.raises(ValueError, match="both set"):
+        settings_from_environment({"ACCELERATE_USE_FSDP": "1", "ACCELERATE_USE_DEEPSPEED": "1"})
+
+
+def test_worker_variables_round_trip():
+    config = {"mixed_precision": "bf16", "cpu": True, "gradient_accumulation_steps": 2, "distributed_type": "FSDP",
+              "fsdp_config": {"fsdp_offload_params": True, "fsdp_version": 2}, "dynamo_backend": "no"}
+    variables = variables_for_workers(config)
+    assert variables["ACCELERATE_MIXED_PRECISION"] == "bf16" and variables["ACCELERATE_USE_FSDP"] == "true"
+    back = settings_from_environment(variables)
+    assert back["mixed_precision"] == "bf16" and back["cpu"] is True and back["gradient_accumulation_steps"] == 2
+    assert back["fsdp_config"] == {"fsdp_offload_params": True, "fsdp_version": 2}
+
+
+def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_accelerator_follows_the_variables_and_refuses_a_bad_one(tmp_path):
+    code = """
+        import json
+        from overdrive import Accelerator
+        a = Accelerator()
+        print(json.dumps({"precision": a.mixed_precision, "steps": a.gradient_accumulation_steps}))
+    """
+    good = _run(code, clean_env(tmp_path, ACCELERATE_MIXED_PRECISION="bf16", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="3"))
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout.splitlines()[-1]) == {"precision": "bf16", "steps": 3}
+    bad = _run(code, clean_env(tmp_path, ACCELERATE_MIXED_PRECISION="fp33"))
+    assert bad.returncode != 0 and "ACCELERATE_MIXED_PRECISION='fp33' is not valid" in bad.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_launch_as_accelerate_aliases_and_exports_in_every_worker(tmp_path):
+    script = tmp_path / "plain_accelerate.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        import accelerate
+        from accelerate import Accelerator
+        import overdrive
+        a = Accelerator()
+        print("WORKER", json.dumps({"rank": a.process_index, "aliased": accelerate is overdrive,
+              "variable": os.environ.get("ACCELERATE_MIXED_PRECISION"), "precision": a.mixed_precision}), flush=True)
+    """))
+    result = overdrive("launch", "--num_processes", "2", "--mixed_precision", "bf16", "--as_accelerate", str(script),
+                       env=clean_env(tmp_path), cwd=tmp_path, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = sorted((json.loads(line.split("WORKER", 1)[1]) for line in result.stdout.splitlines() if "WORKER" in line),
+                  key=lambda row: row["rank"])
+    assert rows == [{"rank": r, "aliased": True, "variable": "bf16", "precision": "bf16"} for r in (0, 1)]
+
+
+def test_as_accelerate_refuses_a_program(tmp_path):
+    result = overdrive("launch", "--as_accelerate", "--no_python", "true", env=clean_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2 and "--as_accelerate needs a python script or module" in result.stderr
