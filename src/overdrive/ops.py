@@ -336,6 +336,9 @@ def _gather_meta(data: Any, leaves: list[torch.Tensor], world: int) -> torch.Ten
 
 
 def _gather_one(tensor: torch.Tensor, sizes: list[int], world: int) -> torch.Tensor:
+    # Collectives are not differentiable: work on the values, so that a tensor with autograd history (a loss
+    # or logits computed with grad on) gathers in any grad mode and its own graph is left alone.
+    tensor = tensor.detach()
     rest, longest = tensor.shape[1:], max(sizes)
     if longest == 0 or rest.numel() == 0:
         return tensor.new_empty((sum(sizes), *rest))
@@ -419,7 +422,7 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float, world: int) 
         wide = tensor.dtype
     else:
         wide = torch.complex64 if tensor.is_complex() else torch.float32 if exact else torch.int64
-    work = tensor.to(wide, copy=True)
+    work = tensor.detach().to(wide, copy=True)  # values only, as in _gather_one
     if reduction != "none" and world > 1:
         dist.all_reduce(work, op=dist.ReduceOp.SUM)
     if reduction == "mean":
