@@ -272,20 +272,27 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML (or JSON) config file and check it (see ``validate_config``)."""
     path = Path(path).expanduser()
     try:
-        text = path.read_text()
+        if path.is_dir():
+            raise ConfigError(path, ["is a folder, not a config file"])
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(path, [f"is {path.stat().st_size:,} bytes; a config file is a few hundred (is it the "
+                                     "right file?)"])
+        text = decode_text(path.read_bytes(), path)
     except FileNotFoundError:
         raise ConfigError(path, ["the file does not exist"]) from None
     except OSError as exc:
         raise ConfigError(path, [f"cannot be read ({exc.strerror})"]) from None
     try:
         if path.suffix == ".json":
-            raw = json.loads(text) if text.strip() else {}
+            raw = json.loads(text, object_pairs_hook=_unique_json_keys) if text.strip() else {}
         else:
-            import yaml
-
-            raw = yaml.safe_load(text)
-    except Exception as exc:  # yaml.YAMLError or json.JSONDecodeError: both say where
-        raise ConfigError(path, [f"is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"]) from None
+            raw = load_yaml(text)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # json.JSONDecodeError, or a key given twice
+        raise ConfigError(path, [f"is not valid JSON: {exc}"]) from None
+    except Exception as exc:  # yaml.YAMLError: says where
+        raise ConfigError(path, [f"is not valid YAML: {exc}"]) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -297,14 +304,101 @@ def save_config(config: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Write ``config`` (checked first) as YAML, or JSON when the name ends in ``.json``."""
     path = Path(path).expanduser()
     data = validate_config(config, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".json":
-        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     else:
         import yaml
 
-        path.write_text(yaml.safe_dump(data, sort_keys=True))
+        text = yaml.safe_dump(data, sort_keys=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        hint = " (it is a folder)" if path.is_dir() else ""
+        raise ConfigError(path, [f"cannot be written: {why}{hint}; choose a path you can write with --config_file"]) \
+            from None
     return path
+
+
+# -- reading text safely ---------------------------------------------------------------------------------
+MAX_CONFIG_BYTES = 1 << 20
+#: A YAML document may share nodes through aliases; expanded, a few lines can stand for billions of values
+#: (an "alias bomb"). Real configs have a few hundred values: more than this is refused before building it.
+MAX_YAML_VALUES = 100_000
+_BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+         (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def decode_text(data: bytes, path: Path) -> str:
+    """The text of a config file: UTF-8, or UTF-16/32 with a byte-order mark (as YAML allows); else a
+    ``ConfigError`` that says where the first bad byte is."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data.decode(encoding)
+            except UnicodeDecodeError:
+                break
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, [f"is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be "
+                                 "decoded): a config file must be YAML or JSON saved as UTF-8"]) from None
+
+
+def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} appears twice in one object; keep one")
+        seen[key] = value
+    return seen
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, refusing a key given twice in one mapping and documents whose aliases expand
+    to more than ``MAX_YAML_VALUES`` values (both checked on the node graph, before anything is built)."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_nodes(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_nodes(root: Any) -> None:
+    import yaml
+
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:  # values the node stands for once aliases are expanded (memoized: linear)
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in seen:
+                        raise yaml.YAMLError(f"the key {key.value!r} appears twice in one mapping (lines "
+                                             f"{seen[key.value] + 1} and {key.start_mark.line + 1}); keep one")
+                    seen[key.value] = key.start_mark.line
+                total += size(key) + size(value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        total = min(total, MAX_YAML_VALUES + 1)
+        sizes[id(node)] = total
+        return total
+
+    if size(root) > MAX_YAML_VALUES:
+        raise yaml.YAMLError(f"its aliases expand to more than {MAX_YAML_VALUES:,} values (a YAML alias bomb?); a "
+                             "config file needs no more than a few hundred")
 
 
 # -- where the file lives --------------------------------------------------------------------------------

@@ -117,10 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The subcommand's own parser reads the rest, so its errors name it and its flags.
     args = commands[argv[0]].parse_args(argv[1:])
     args.command = argv[0]
+    from overdrive.config_file import ConfigError
+
     try:
         return int(args.run(args) or 0)
-    except UsageError as err:
+    except (UsageError, ConfigError) as err:
         prog = f"overdrive {args.command}"
+        if isinstance(err, ConfigError):
+            err = UsageError(str(err))
         if len(err.problems) == 1:
             print(f"{prog}: error: {err.problems[0]}", file=sys.stderr)
         else:

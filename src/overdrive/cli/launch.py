@@ -204,7 +204,7 @@ def add_parser(sub: Any) -> None:
                     "flags, the config file and the defaults, in that order. Flags take '_' or '-'.",
         allow_abbrev=False)
     add_launch_flags(parser)
-    parser.add_argument("training_script", help="the script (or module with -m, program with --no_python)")
+    parser.add_argument("training_script", nargs="?", help="the script (or module with -m, program with --no_python)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
     parser.set_defaults(run=run)
 
@@ -368,6 +368,10 @@ def _check_together(num_processes: Value, num_machines: Value, machine_rank: Val
 
 def _command(args: argparse.Namespace, problems: list[str]) -> Command:
     target = args.training_script
+    if not target:
+        problems.append("no training script given: overdrive launch [FLAGS] SCRIPT.py [SCRIPT ARGS] "
+                        "(or -m MODULE, or --no_python PROGRAM)")
+        return Command(target="")
     command = Command(target=target, args=tuple(args.training_script_args), module=bool(args.module),
                       no_python=bool(args.no_python), as_accelerate=bool(getattr(args, "as_accelerate", False)))
     if command.as_accelerate and command.no_python:

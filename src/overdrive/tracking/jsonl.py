@@ -93,15 +93,23 @@ def find_metrics_file(run_dir: str | os.PathLike) -> str:
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl`` file, in order; a torn (unterminated) last line is skipped."""
     records: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.endswith("\n"):
-                break  # the line a crash interrupted
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{number} is not JSON: {exc}") from exc
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not a metrics file: it is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start}); give the {METRICS_FILE} the JSONL tracker wrote, or its folder") from None
+    lines = text.split("\n")[:-1]  # what follows the last newline is a line a crash interrupted (or nothing)
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number} is not JSON: {exc}") from exc
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number} is not a metrics record (a JSON object), but {type(record).__name__}")
+            records.append(record)
     return records
 
 
