@@ -6,6 +6,7 @@
     overdrive test                      # can this machine train?
     overdrive plot RUN_DIR              # a run's metrics as a PNG and a table
     overdrive estimate-memory ./model   # memory to load / train a model, from its config
+    overdrive doctor                    # ports, names, rendezvous, interfaces, disk: what to fix first
 
 Usage errors (a bad flag, value or config file) print what was wrong, where it came from and the valid
 choices, and exit with status 2.
@@ -27,6 +28,7 @@ _COMMANDS = {
     "env": "overdrive.cli.env_cmd",
     "test": "overdrive.cli.test_cmd",
     "estimate-memory": "overdrive.cli.estimate_cmd",
+    "doctor": "overdrive.cli.doctor",
 }
 
 
@@ -88,7 +90,7 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
 
     parser = Parser(prog="overdrive", description="Launch and configure overdrive training runs.",
                     allow_abbrev=False)
-    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,plot,estimate-memory}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,plot,estimate-memory,doctor}", parser_class=Parser)
     for module in _COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     sub.add_parser("plot", help="plot a run's metrics.jsonl (overdrive plot --help)", add_help=False)
