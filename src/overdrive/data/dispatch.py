@@ -152,7 +152,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         self._init_prepared(shard, device, non_blocking, rng_types, gradient_state)
 
     def __len__(self) -> int:
-        return self._shard.num_steps(self.process_index)
+        return self._remaining(self._shard.num_steps(self.process_index))
 
     # -- rank 0: reading and cutting into steps ---------------------------------------------------
     def _read_steps(self, skip: int) -> Iterator[list[Any]]:

@@ -244,6 +244,11 @@ class PreparedLoaderMixin:
         else:  # the saved epoch was finished: the next iteration starts the next one
             self._epoch_set, self._skip_next = False, 0
 
+    def _remaining(self, full: int) -> int:
+        """``len()``: the batches the next iteration yields (fewer after ``skip_first_batches``, as in
+        Accelerate, whose skipping loader's length is what remains)."""
+        return max(full - self._skip_next, 0)
+
     def skip_first(self, num_batches: int) -> None:
         """Skip the first ``num_batches`` batches of the next iteration's epoch (once)."""
         if num_batches < 0:
@@ -337,9 +342,8 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         self._init_prepared(shard, device, non_blocking, rng_types, gradient_state)
 
     def __len__(self) -> int:
-        if isinstance(self.dataset, IterableDatasetShard):
-            return self.dataset.num_steps()
-        return DataLoader.__len__(self)
+        full = self.dataset.num_steps() if isinstance(self.dataset, IterableDatasetShard) else DataLoader.__len__(self)
+        return self._remaining(full)
 
     def _batches(self, skip: int) -> Iterator[tuple[Any, bool]]:
         by_index = isinstance(self.batch_sampler, BatchSamplerShard)
