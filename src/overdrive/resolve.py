@@ -375,6 +375,13 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
 
         errors.extend(check_log_with(log_with if isinstance(log_with, (list, tuple)) else [log_with]))
 
+    if dataloader_config is not None and dataloader_config.use_stateful_dataloader:
+        from overdrive.compat.imports import is_torchdata_stateful_dataloader_available
+
+        if not is_torchdata_stateful_dataloader_available():
+            errors.append("DataLoaderConfiguration(use_stateful_dataloader=True) needs torchdata's StatefulDataLoader: "
+                          "pip install 'torchdata>=0.8'; or leave it off: overdrive's prepared loaders save and "
+                          "restore their position themselves (loader.state_dict(), accelerator.save_state)")
     if errors:
         raise ValueError("invalid Accelerator settings:\n  - " + "\n  - ".join(errors))
     assert precision is not None
