@@ -19,6 +19,8 @@ from overdrive.data.sampler import BatchSamplerShard, IterableDatasetShard, Seed
 from overdrive.ops import send_to_device
 from overdrive.state import GradientState
 
+_END = object()  # no more batches
+
 # DataLoader settings carried over when a loader is rebuilt (those this torch version has).
 _KEPT_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
                   "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
@@ -122,10 +124,21 @@ class PreparedLoaderMixin:
         self._epoch_set = False  # the next iteration uses _epoch as it is (set_epoch or a restored state)
         self._iterated = False
         self._skip_next = 0  # batches of the next iteration to skip (resume / skip_first_batches)
-        self.batches_yielded = 0
+        # batches handed out this epoch, in a list: counting in it costs no call per batch (setting an
+        # attribute of a DataLoader goes through its Python __setattr__)
+        self._counter = [0]
         self.end_of_dataloader = False
 
     # -- the contract the rest of the library reads ----------------------------------------------
+    @property
+    def batches_yielded(self) -> int:
+        """Batches handed out in the current epoch (its position: skipped batches count)."""
+        return self._counter[0]
+
+    @batches_yielded.setter
+    def batches_yielded(self, value: int) -> None:
+        self._counter[0] = int(value)
+
     @property
     def even_batches(self) -> bool:
         """Whether every process gets the same number of full batches; a change applies at the next
@@ -301,16 +314,20 @@ class PreparedLoaderMixin:
         types = [t for t in self.rng_types if str(getattr(t, "value", t)) != "generator" or self.generator is not None]
         synchronize_rng_states(types, self.generator)
 
+    def _reached_end(self) -> None:
+        # Called before the last batch is handed out, so the loop body already sees it.
+        self.end_of_dataloader = True
+        self.gradient_state.end_of_dataloader = True
+        self.gradient_state.remainder = self.remainder
+
     def __iter__(self) -> Iterator[Any]:
         skip = self._begin()
+        counter = self._counter
         try:
             for batch, is_last in self._batches(skip):
-                self.batches_yielded += 1
+                counter[0] += 1
                 if is_last:
-                    # Set before the batch is handed out, so the loop body already sees it.
-                    self.end_of_dataloader = True
-                    self.gradient_state.end_of_dataloader = True
-                    self.gradient_state.remainder = self.remainder
+                    self._reached_end()
                 yield batch
             self._join_remaining_gathers()
         finally:
@@ -345,14 +362,39 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         full = self.dataset.num_steps() if isinstance(self.dataset, IterableDatasetShard) else DataLoader.__len__(self)
         return self._remaining(full)
 
-    def _batches(self, skip: int) -> Iterator[tuple[Any, bool]]:
+    def _raw_batches(self, skip: int) -> Iterator[Any]:
         by_index = isinstance(self.batch_sampler, BatchSamplerShard)
         if by_index:
             self.batch_sampler.skip_batches = skip  # skip indices, never load the skipped samples
         raw: Iterator[Any] = DataLoader.__iter__(self)
         if skip and not by_index:
             raw = itertools.islice(raw, skip, None)  # iterable data: skipping means reading
-        return with_last_flag(self._place(batch) for batch in raw)
+        return raw
+
+    def _batches(self, skip: int) -> Iterator[tuple[Any, bool]]:
+        return with_last_flag(self._place(batch) for batch in self._raw_batches(skip))
+
+    def __iter__(self) -> Iterator[Any]:
+        # The mixin's bookkeeping in one generator, over DataLoader's own iterator: the hot path of every
+        # training loop, so one generator frame per batch and no call where a batch needs no move.
+        skip = self._begin()
+        counter, place = self._counter, self._place if self._moves_batches else None
+        try:
+            raw = self._raw_batches(skip)
+            current = next(raw, _END)  # each batch is handed out once the next one exists (or the data ended)
+            if current is _END:
+                return
+            if place is not None:
+                current = place(current)
+            for upcoming in raw:
+                counter[0] += 1
+                yield current
+                current = upcoming if place is None else place(upcoming)
+            counter[0] += 1
+            self._reached_end()
+            yield current
+        finally:
+            self.gradient_state._remove_dataloader(self)
 
 
 class SkipDataLoader(DataLoader):

@@ -9,6 +9,7 @@ even out.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
@@ -151,6 +152,14 @@ class BatchSamplerShard(Sampler[list[int]]):
         return self.num_steps()
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.num_processes == 1:
+            # Nothing to shard or even out: the batch sampler's own batches, with no generator of ours
+            # between them and the DataLoader (this runs once per batch of every one-process loop).
+            batches = iter(self.batch_sampler)
+            return itertools.islice(batches, self.skip_batches, None) if self.skip_batches else batches
+        return self._own_batches()
+
+    def _own_batches(self) -> Iterator[list[int]]:
         skip = self.skip_batches
         for step, parts in enumerate(self.rounds()):
             part = parts[self.process_index]

@@ -1,0 +1,195 @@
+"""Per-micro-batch cost of overdrive's loop over plain PyTorch: function calls (exact) and time (ratio).
+
+    .venv/bin/python bench/step_calls.py               # ~2 min on 2 CPU cores
+    .venv/bin/python bench/step_calls.py --rounds 10   # quicker, noisier timing (the call counts are exact)
+
+The tiny MLP of step_overhead.py (1 process, 1 thread, batch 64, 100 micro-batches an epoch) in three modes,
+each written twice, as a user writes it:
+
+- fp32: plain ``loss.backward(); opt.step(); opt.zero_grad()`` / overdrive ``with accelerator.accumulate(model)``
+  + ``accelerator.backward`` on every batch;
+- accumulate(4): plain divides the loss by 4 and steps every 4th batch / ``gradient_accumulation_steps=4``;
+- bf16: plain runs the forward in ``torch.autocast("cpu", bfloat16)`` / ``mixed_precision="bf16"``.
+
+Calls are counted with ``sys.setprofile`` over one epoch: Python function calls ("call" events) and calls of
+C functions ("c_call"); their sum is what cProfile counts. Time: interleaved rounds after a warm-up, the median
+of overdrive/plain per round with a distribution-free 95% confidence interval. Targets (issue 15): at most
++10 calls per micro-batch and x1.01. Writes bench/results/step_calls.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+BATCH, STEPS, LR = 64, 100, 1e-3
+MODES = {"fp32": {}, "accumulate(4)": {"gradient_accumulation_steps": 4}, "bf16": {"mixed_precision": "bf16"}}
+TARGET_CALLS, TARGET_RATIO = 10, 1.01
+
+
+def fresh_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def make_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randn(STEPS * BATCH, 32, generator=g), torch.randint(0, 10, (STEPS * BATCH,), generator=g))
+
+
+def plain_loop(mode: str, data: TensorDataset):
+    model = fresh_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    every = MODES[mode].get("gradient_accumulation_steps", 1)
+    autocast = mode == "bf16"
+
+    def epoch() -> int:
+        for i, (x, y) in enumerate(loader, 1):
+            if autocast:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = model(x)
+                loss = F.cross_entropy(out.float(), y)
+            else:
+                loss = F.cross_entropy(model(x), y)
+            (loss / every if every > 1 else loss).backward()
+            if i % every == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        return i
+
+    return epoch
+
+
+def overdrive_loop(mode: str, data: TensorDataset):
+    from overdrive import Accelerator
+    from overdrive.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, **MODES[mode])
+    model = fresh_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=BATCH, shuffle=True))
+
+    def epoch() -> int:
+        steps = 0
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                loss = F.cross_entropy(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            steps += 1
+        return steps
+
+    return epoch
+
+
+def count_calls(epoch) -> tuple[Counter, int]:
+    """(calls by kind, micro-batches) over one epoch, after a warm-up epoch."""
+    epoch()
+    counts: Counter = Counter()
+    sites: Counter = Counter()
+
+    def profiler(frame, event, arg):
+        if event in ("call", "c_call"):
+            counts[event] += 1
+            if event == "call":
+                code = frame.f_code
+                sites[f"{code.co_filename.split('site-packages/')[-1].split('src/')[-1]}:{code.co_name}"] += 1
+
+    sys.setprofile(profiler)
+    try:
+        steps = epoch()
+    finally:
+        sys.setprofile(None)
+    counts["sites"] = sites  # type: ignore[assignment]
+    return counts, steps
+
+
+def _median_ci(values: list[float]) -> tuple[float, float]:
+    ordered, n = sorted(values), len(values)
+    k = max(0, int((n - 1.96 * math.sqrt(n)) / 2))
+    return ordered[k], ordered[n - 1 - k]
+
+
+def time_pair(plain, mine, rounds: int) -> dict:
+    pairs = {"plain": plain, "overdrive": mine}
+    times: dict[str, list[float]] = {name: [] for name in pairs}
+    cpu: dict[str, list[float]] = {name: [] for name in pairs}
+    for epoch in pairs.values():
+        epoch()
+    for r in range(rounds):
+        for name in (("plain", "overdrive") if r % 2 == 0 else ("overdrive", "plain")):
+            gc.collect()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            steps = pairs[name]()
+            times[name].append((time.perf_counter() - start) / steps)
+            cpu[name].append((time.process_time() - start_cpu) / steps)
+    ratios = [a / b for a, b in zip(times["overdrive"], times["plain"])]
+    low, high = _median_ci(ratios)
+    return {"plain_us": statistics.median(times["plain"]) * 1e6, "overdrive_us": statistics.median(times["overdrive"]) * 1e6,
+            "ratio": statistics.median(ratios), "ci": [low, high],
+            "cpu_ratio": statistics.median(a / b for a, b in zip(cpu["overdrive"], cpu["plain"])),
+            "per_round_s": times}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--sites", action="store_true", help="list the extra Python calls by function")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    data = make_data()
+    started, load0 = datetime.now(timezone.utc), os.getloadavg()
+    rows = []
+    print("| mode | Python calls / micro-batch: plain | overdrive | extra (target <= +10) | all calls incl. C: "
+          "extra | time / micro-batch plain µs | overdrive/plain [95% CI] | CPU time ratio | x1.01 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode in args.modes:
+        plain, mine = plain_loop(mode, data), overdrive_loop(mode, data)
+        plain_calls, steps = count_calls(plain)
+        my_calls, my_steps = count_calls(mine)
+        assert steps == my_steps == STEPS, (steps, my_steps)
+        py = (plain_calls["call"] / steps, my_calls["call"] / steps)
+        every = (plain_calls["call"] + plain_calls["c_call"]) / steps, (my_calls["call"] + my_calls["c_call"]) / steps
+        timing = time_pair(plain, mine, args.rounds)
+        low, high = timing["ci"]
+        verdict = "met" if high <= TARGET_RATIO else "MISSED" if low > TARGET_RATIO else "not resolved (CI spans it)"
+        extra = py[1] - py[0]
+        print(f"| {mode} | {py[0]:.1f} | {py[1]:.1f} | {extra:+.1f} ({'met' if extra <= TARGET_CALLS else 'MISSED'}) | "
+              f"{every[1] - every[0]:+.1f} | {timing['plain_us']:.1f} | {timing['ratio']:.3f} [{low:.3f}-{high:.3f}] | "
+              f"{timing['cpu_ratio']:.3f} | {verdict} |")
+        if args.sites:
+            extra_sites = my_calls["sites"] - plain_calls["sites"]
+            for site, n in extra_sites.most_common(20):
+                print(f"    {n / steps:+6.2f}  {site}")
+        rows.append({"mode": mode, "python_calls": py, "all_calls": every, **timing})
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    out = Path(__file__).parent / "results" / "step_calls.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit,
+                               "load_avg_start_end": [load0, os.getloadavg()], "rounds": args.rounds,
+                               "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
