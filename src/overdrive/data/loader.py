@@ -124,21 +124,10 @@ class PreparedLoaderMixin:
         self._epoch_set = False  # the next iteration uses _epoch as it is (set_epoch or a restored state)
         self._iterated = False
         self._skip_next = 0  # batches of the next iteration to skip (resume / skip_first_batches)
-        # batches handed out this epoch, in a list: counting in it costs no call per batch (setting an
-        # attribute of a DataLoader goes through its Python __setattr__)
-        self._counter = [0]
+        self.batches_yielded = 0  # the position in the epoch (skipped batches count)
         self.end_of_dataloader = False
 
     # -- the contract the rest of the library reads ----------------------------------------------
-    @property
-    def batches_yielded(self) -> int:
-        """Batches handed out in the current epoch (its position: skipped batches count)."""
-        return self._counter[0]
-
-    @batches_yielded.setter
-    def batches_yielded(self, value: int) -> None:
-        self._counter[0] = int(value)
-
     @property
     def even_batches(self) -> bool:
         """Whether every process gets the same number of full batches; a change applies at the next
@@ -322,10 +311,10 @@ class PreparedLoaderMixin:
 
     def __iter__(self) -> Iterator[Any]:
         skip = self._begin()
-        counter = self._counter
+        attributes = self.__dict__  # counting in it skips DataLoader's __setattr__, a Python call per batch
         try:
             for batch, is_last in self._batches(skip):
-                counter[0] += 1
+                attributes["batches_yielded"] += 1
                 if is_last:
                     self._reached_end()
                 yield batch
@@ -378,7 +367,8 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         # The mixin's bookkeeping in one generator, over DataLoader's own iterator: the hot path of every
         # training loop, so one generator frame per batch and no call where a batch needs no move.
         skip = self._begin()
-        counter, place = self._counter, self._place if self._moves_batches else None
+        attributes = self.__dict__  # counting in it skips DataLoader's __setattr__, a Python call per batch
+        place = self._place if self._moves_batches else None
         try:
             raw = self._raw_batches(skip)
             current = next(raw, _END)  # each batch is handed out once the next one exists (or the data ended)
@@ -387,10 +377,10 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             if place is not None:
                 current = place(current)
             for upcoming in raw:
-                counter[0] += 1
+                attributes["batches_yielded"] += 1
                 yield current
                 current = upcoming if place is None else place(upcoming)
-            counter[0] += 1
+            attributes["batches_yielded"] += 1
             self._reached_end()
             yield current
         finally:

@@ -45,14 +45,21 @@ class AmpPrecision:
         if not self.policy.enabled or not self.autocast_kwargs.enabled:
             return []
         stack: list[contextlib.AbstractContextManager] = []
+        # Decided once: these hooks run on every forward.
+        kwargs: dict[str, Any] = {"device_type": self.device.type, "dtype": self.policy.compute_dtype}
+        if self.autocast_kwargs.cache_enabled is not None:
+            kwargs["cache_enabled"] = self.autocast_kwargs.cache_enabled
+        low = (torch.float16, torch.bfloat16)
 
         def enter(module: nn.Module, args: Any) -> None:
-            region = self.autocast()
+            region = torch.autocast(**kwargs)
             region.__enter__()
             stack.append(region)
 
         def leave(module: nn.Module, args: Any, output: Any) -> Any:
             stack.pop().__exit__(None, None, None)
+            if type(output) is torch.Tensor:  # the common case, without walking a structure
+                return output.float() if output.dtype in low else output
             return convert_to_fp32(output)
 
         return [model.register_forward_pre_hook(enter),
