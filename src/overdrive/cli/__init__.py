@@ -7,6 +7,8 @@
     overdrive plot RUN_DIR              # a run's metrics as a PNG and a table
     overdrive estimate-memory ./model   # memory to load / train a model, from its config
     overdrive doctor                    # ports, names, rendezvous, interfaces, disk: what to fix first
+    overdrive merge-weights CKPT OUT    # a save_state checkpoint's model as full safetensors
+    overdrive to-fsdp2 --config_file C --output_file O   # an Accelerate FSDP1 config file as FSDP2
 
 Usage errors (a bad flag, value or config file) print what was wrong, where it came from and the valid
 choices, and exit with status 2.
@@ -29,11 +31,14 @@ _COMMANDS = {
     "test": "overdrive.cli.test_cmd",
     "estimate-memory": "overdrive.cli.estimate_cmd",
     "doctor": "overdrive.cli.doctor",
+    "to-fsdp2": "overdrive.cli.to_fsdp2_cmd",
+    "tpu-config": "overdrive.cli.tpu_cmd",
 }
 
 
 # subcommands that parse their own arguments: name -> (module, function taking the arguments after the name)
-_SELF_PARSING = {"plot": ("overdrive.cli.plot", "plot_main")}
+_SELF_PARSING = {"plot": ("overdrive.cli.plot", "plot_main"),
+                 "merge-weights": ("overdrive.checkpoint.export", "merge_weights_main")}
 
 
 class UsageError(Exception):
@@ -90,10 +95,12 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
 
     parser = Parser(prog="overdrive", description="Launch and configure overdrive training runs.",
                     allow_abbrev=False)
-    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,plot,estimate-memory,doctor}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join([*_COMMANDS, *_SELF_PARSING]) + "}", parser_class=Parser)
     for module in _COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     sub.add_parser("plot", help="plot a run's metrics.jsonl (overdrive plot --help)", add_help=False)
+    sub.add_parser("merge-weights", help="a save_state checkpoint's model as full safetensors (--help)",
+                   add_help=False)
     return parser, dict(sub.choices)
 
 
