@@ -41,17 +41,23 @@ from overdrive.checkpoint.storage import (
 
 
 def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, allow_pickle: bool = False,
-               strict: bool = True, verify: bool = True, **unexpected: Any) -> str:
+               strict: bool = True, verify: bool = True, load_kwargs: dict[str, Any] | None = None,
+               **unexpected: Any) -> str:
     """Restore what :func:`~overdrive.checkpoint.save.save_state` saved; return the folder.
 
     Call it on every process. See :meth:`overdrive.Accelerator.load_state`.
     """
     if unexpected:
         raise TypeError(f"load_state() got unexpected arguments {sorted(unexpected)}; it accepts allow_pickle, "
-                        "strict and verify")
+                        "strict, verify and load_kwargs")
     group = Group()
     project = accelerator.project_configuration
     folder = Path(group.run_on_main(lambda: str(_find(project, input_dir)), "load_state"))
+    from overdrive.checkpoint.accelerate_format import is_accelerate_checkpoint, load_into
+
+    if is_accelerate_checkpoint(folder):  # written by Accelerate's save_state: read its files as they are
+        load_into(accelerator, folder, allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs)
+        return str(folder)
     error, manifest = None, {}
     try:
         manifest = read_manifest(folder)

@@ -1,0 +1,234 @@
+"""Read a checkpoint folder written by Hugging Face Accelerate's ``save_state`` (moving a run to overdrive).
+
+Accelerate writes ``model[_i].safetensors`` (or ``pytorch_model[_i].bin``), ``optimizer[_i].bin``,
+``scheduler[_i].bin``, ``sampler[_i].bin``, ``scaler.pt``, ``random_states_<rank>.pkl`` (with the step
+count) and ``custom_checkpoint_<i>.pkl``; all but the safetensors are ``torch.save`` pickles. Each is read
+with ``torch.load(weights_only=True)`` (tensors, numbers, strings, containers and numpy arrays only) unless
+``allow_pickle=True``; a file that needs more is not loaded and is named in the report, as is every file
+that has no prepared object to go to. Every file is read and checked before anything is changed, so a
+refusal leaves the training state as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_MARKERS = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|optimizer(_\d+)?\.bin|"
+                      r"random_states_\d+\.pkl)$")
+
+
+def is_accelerate_checkpoint(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` looks like Accelerate's ``save_state`` output (and not overdrive's)."""
+    path = Path(folder)
+    from overdrive.checkpoint.storage import MANIFEST
+
+    if not path.is_dir() or (path / MANIFEST).exists():
+        return False
+    return any(_MARKERS.match(entry.name) for entry in path.iterdir())
+
+
+@dataclass
+class AccelerateCheckpointReport:
+    """What ``load_accelerate_checkpoint`` restored, the step it read, and what it could not map."""
+
+    loaded: list[str] = field(default_factory=list)
+    not_mapped: list[str] = field(default_factory=list)
+    step: int | None = None
+
+
+def _safe_globals() -> list[Any]:
+    """numpy's array rebuilders: RNG states hold numpy arrays; rebuilding one runs no user code."""
+    import numpy as np
+
+    names = []
+    core = getattr(np, "_core", None) or np.core
+    for module, attr in ((core.multiarray, "_reconstruct"), (np, "ndarray"), (np, "dtype")):
+        if hasattr(module, attr):
+            names.append(getattr(module, attr))
+    names += [type(np.dtype(kind)) for kind in ("uint32", "int64", "float64")]
+    return names
+
+
+def _load(path: Path, allow_pickle: bool, load_kwargs: dict[str, Any]) -> Any:
+    kwargs = {"map_location": "cpu", **load_kwargs}
+    if allow_pickle:
+        return torch.load(path, weights_only=False, **kwargs)
+    with torch.serialization.safe_globals(_safe_globals()):
+        return torch.load(path, weights_only=True, **kwargs)
+
+
+def _indexed(folder: Path, stem: str, suffix: str) -> list[Path]:
+    """``stem.suffix``, ``stem_1.suffix``, ... in index order, while they exist."""
+    found, index = [], 0
+    while True:
+        path = folder / (f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}")
+        if not path.is_file():
+            return found
+        found.append(path)
+        index += 1
+
+
+def _read_all(folder: Path, process_index: int, allow_pickle: bool, load_kwargs: dict[str, Any],
+              refused: list[str]) -> dict[str, Any]:
+    """Every file's content by name (safetensors as dicts); refusals recorded in ``refused``."""
+    from safetensors.torch import load_file
+
+    contents: dict[str, Any] = {}
+    candidates = [*_indexed(folder, "model", ".safetensors"), *_indexed(folder, "pytorch_model", ".bin"),
+                  *_indexed(folder, "optimizer", ".bin"), *_indexed(folder, "scheduler", ".bin"),
+                  *_indexed(folder, "sampler", ".bin"), folder / "scaler.pt",
+                  folder / f"random_states_{process_index}.pkl"]
+    candidates += sorted(folder.glob("custom_checkpoint_*.pkl"), key=lambda p: int(re.findall(r"\d+", p.name)[-1]))
+    for path in candidates:
+        if not path.is_file():
+            continue
+        if path.suffix == ".safetensors":
+            contents[path.name] = load_file(str(path))
+            continue
+        try:
+            contents[path.name] = _load(path, allow_pickle, load_kwargs)
+        except pickle.UnpicklingError as exc:
+            refused.append(f"{path.name}: holds pickled Python objects beyond tensors and plain values ({exc}); "
+                           "pass allow_pickle=True to load it, only if you trust where the folder came from")
+    return contents
+
+
+def load_accelerate_checkpoint(folder: str | os.PathLike, *, models: list[Any], optimizers: list[Any],
+                               schedulers: list[Any], dataloaders: list[Any], custom_objects: list[Any],
+                               scaler: Any = None, process_index: int = 0, allow_pickle: bool = False,
+                               strict: bool = True, load_kwargs: dict[str, Any] | None = None
+                               ) -> AccelerateCheckpointReport:
+    """Load an Accelerate ``save_state`` folder into the prepared objects; return what happened.
+
+    Raises ``CheckpointError`` (changing nothing) when a file needs unpickling and ``allow_pickle`` is
+    False, or when a model's weights do not fit (with ``strict``)."""
+    from overdrive.checkpoint.errors import CheckpointError
+
+    path = Path(folder)
+    refused: list[str] = []
+    contents = _read_all(path, process_index, allow_pickle, load_kwargs or {}, refused)
+    if refused:
+        raise CheckpointError(f"Accelerate checkpoint {path}: nothing was loaded:\n  " + "\n  ".join(refused))
+    report = AccelerateCheckpointReport()
+    weights = [contents[p.name] for p in (_indexed(path, "model", ".safetensors") or _indexed(path, "pytorch_model", ".bin"))]
+    plan = [*_pair("model", weights, models), *_pair("optimizer", _by_stem(contents, "optimizer"), optimizers),
+            *_pair("scheduler", _by_stem(contents, "scheduler"), schedulers),
+            *_pair("custom_checkpoint", [contents[k] for k in contents if k.startswith("custom_checkpoint_")],
+                   custom_objects)]
+    for kind, index, value, target in plan:
+        if target is None:
+            report.not_mapped.append(f"{kind} {index}: the checkpoint has it but nothing of that kind was prepared")
+        elif value is None:
+            report.not_mapped.append(f"{kind} {index}: prepared, but the checkpoint has none for it (left as it is)")
+    if strict:
+        _check_models(plan, report)
+    for kind, index, value, target in plan:
+        if value is None or target is None:
+            continue
+        if kind == "model":
+            _unwrap(target).load_state_dict(value, strict=strict)
+        else:
+            target.load_state_dict(value)
+        report.loaded.append(f"{kind} {index}")
+    _restore_rest(contents, process_index, dataloaders, scaler, report)
+    if report.not_mapped:
+        warnings.warn(f"load_state({str(path)!r}) (an Accelerate checkpoint) could not map:\n  "
+                      + "\n  ".join(report.not_mapped), stacklevel=3)
+    return report
+
+
+def _by_stem(contents: dict[str, Any], stem: str) -> list[Any]:
+    return [contents[name] for name in sorted(contents, key=lambda n: (len(n), n)) if re.match(rf"^{stem}(_\d+)?\.", name)]
+
+
+def _pair(kind: str, values: list[Any], targets: list[Any]) -> list[tuple[str, int, Any, Any]]:
+    count = max(len(values), len(targets))
+    return [(kind, i, values[i] if i < len(values) else None, targets[i] if i < len(targets) else None)
+            for i in range(count)]
+
+
+def _unwrap(model: Any) -> Any:
+    while type(model).__name__ in ("DistributedDataParallel", "DataParallel") and hasattr(model, "module"):
+        model = model.module
+    return getattr(model, "_orig_mod", model)
+
+
+def _check_models(plan: list[tuple[str, int, Any, Any]], report: AccelerateCheckpointReport) -> None:
+    from overdrive.checkpoint.errors import CheckpointError
+
+    problems = []
+    for kind, index, value, target in plan:
+        if kind != "model" or value is None or target is None:
+            continue
+        own = set(_unwrap(target).state_dict())
+        missing, unexpected = sorted(own - set(value)), sorted(set(value) - own)
+        if missing or unexpected:
+            problems.append(f"model {index}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if problems:
+        raise CheckpointError("the Accelerate checkpoint's weights do not fit the prepared models (nothing was "
+                              "loaded; pass strict=False to load what fits):\n  " + "\n  ".join(problems))
+
+
+def _restore_rest(contents: dict[str, Any], process_index: int, dataloaders: list[Any], scaler: Any,
+                  report: AccelerateCheckpointReport) -> None:
+    """The scaler, the RNG states and step, and the samplers' epoch/seed."""
+    if "scaler.pt" in contents:
+        if scaler is not None:
+            scaler.load_state_dict(contents["scaler.pt"])
+            report.loaded.append("scaler")
+        else:
+            report.not_mapped.append("scaler.pt: this run has no loss scaler (mixed_precision is not fp16)")
+    states = contents.get(f"random_states_{process_index}.pkl")
+    if isinstance(states, dict):
+        import random
+
+        import numpy as np
+
+        random.setstate(states["random_state"])
+        np.random.set_state(states["numpy_random_seed"])
+        torch.set_rng_state(states["torch_manual_seed"])
+        if torch.cuda.is_available() and "torch_cuda_manual_seed" in states:
+            torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+        report.step = int(states.get("step", 0))
+        report.loaded.append("random states")
+    for index, sampler in enumerate(_by_stem(contents, "sampler")):
+        loader = dataloaders[index] if index < len(dataloaders) else None
+        seed, epoch = getattr(sampler, "initial_seed", None), getattr(sampler, "epoch", None)
+        if loader is None or seed is None or not hasattr(loader, "load_state_dict"):
+            report.not_mapped.append(f"sampler {index}: no prepared loader with a seeded order to take it")
+            continue
+        if epoch is not None and hasattr(loader, "set_epoch"):
+            loader.set_epoch(int(epoch))
+        report.loaded.append(f"sampler {index} (epoch {epoch})")
+
+
+def load_into(holder: Any, folder: str | os.PathLike, *, allow_pickle: bool = False, strict: bool = True,
+              load_kwargs: dict[str, Any] | None = None) -> AccelerateCheckpointReport:
+    """``load_accelerate_checkpoint`` with the prepared objects of ``holder`` (what ``load_state`` was given),
+    then the step counter it read."""
+    objects = getattr(holder, "objects", None)  # a TrainingState
+    if objects is not None:
+        pieces = dict(models=objects.models, optimizers=objects.optimizers, schedulers=objects.schedulers,
+                      dataloaders=objects.dataloaders, custom_objects=objects.custom_objects)
+    else:  # the Accelerator itself
+        pieces = dict(models=holder._models, optimizers=holder._optimizers, schedulers=holder._schedulers,
+                      dataloaders=holder._dataloaders, custom_objects=holder._custom_objects)
+    report = load_accelerate_checkpoint(
+        folder, **pieces, scaler=getattr(holder, "scaler", None),
+        process_index=int(getattr(holder, "process_index", getattr(holder, "local_process_index", 0))),
+        allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs)
+    if report.step is not None:
+        window = getattr(holder, "window", None)
+        if window is not None and hasattr(window, "step"):
+            window.step = report.step
+        elif hasattr(holder, "step"):
+            holder.step = report.step
+    return report
