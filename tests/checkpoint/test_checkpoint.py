@@ -84,7 +84,8 @@ def test_optimizer_without_state_and_parameters_without_state(tmp_path: Path) ->
 def test_automatic_naming_total_limit_and_newest(tmp_path: Path) -> None:
     run = setup(0, project_dir=str(tmp_path), total_limit=2)
     root = tmp_path / "checkpoints"
-    (root / ".checkpoint_9.tmp-deadbeef").mkdir(parents=True)  # an interrupted save
+    (root / ".checkpoint_9.tmp-deadbeef").mkdir(parents=True)  # an interrupted save ...
+    os.utime(root / ".checkpoint_9.tmp-deadbeef", (0, 0))  # ... long ago: provably stale, so it is cleaned
     (root / "checkpoint_50").mkdir()  # no manifest: not complete
     for step in (2, 4, 6, 8):
         train(run, step)

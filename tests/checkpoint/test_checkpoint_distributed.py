@@ -304,6 +304,8 @@ def test_rank_killed_mid_save_then_resume_at_three_processes(reference: tuple[Pa
     # leftovers of unfinished saves are ignored, then cleaned by the next save
     (checkpoints / ".checkpoint_5.tmp-0123abcd").mkdir()
     (checkpoints / ".checkpoint_5.tmp-0123abcd" / "__0_0.distcp").write_bytes(b"partial")
+    for path in (checkpoints / ".checkpoint_5.tmp-0123abcd" / "__0_0.distcp", checkpoints / ".checkpoint_5.tmp-0123abcd"):
+        os.utime(path, (0, 0))  # left long ago, no owner: provably stale (a fresh one may be another save's)
     (checkpoints / "checkpoint_7").mkdir()  # no manifest: not a complete checkpoint
 
     expected = {"snap18": [ref[r]["snaps"][18] for r in range(2)], "seed": ref[0]["seed"],

@@ -8,9 +8,12 @@ killed mid-save leaves the previous checkpoints as they were.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
+import time
 import warnings
 from pathlib import Path
 
@@ -20,7 +23,12 @@ from overdrive.config import ProjectConfiguration
 
 PREFIX = "checkpoint_"
 _NUMBERED = re.compile(rf"^{PREFIX}(\d+)$")
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<token>[0-9a-f]+)$")
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old|del)-(?P<token>[0-9a-f]+)$")
+#: The file in a save's temporary folder that says which process owns it (removed just before publishing).
+OWNER_FILE = ".owner.json"
+#: A temporary folder without a live owner on this machine is only deleted once nothing in it changed for
+#: this long (its owner may run on another machine that shares the folder).
+STALE_AFTER_S = 24 * 3600.0
 
 
 def checkpoints_root(project: ProjectConfiguration) -> Path:
@@ -33,6 +41,9 @@ def checkpoints_root(project: ProjectConfiguration) -> Path:
 
 def save_target(project: ProjectConfiguration, output_dir: str | os.PathLike | None) -> Path:
     """The folder ``save_state(output_dir)`` writes."""
+    problems = project.problems() if hasattr(project, "problems") else []
+    if problems:  # the settings may have been changed after construction: check before anything is written
+        raise ValueError("save_state(): the project configuration is not valid: " + "; ".join(problems))
     if project.automatic_checkpoint_naming:
         if output_dir is not None:
             warnings.warn(f"save_state(output_dir={str(output_dir)!r}) is ignored with automatic_checkpoint_naming; "
@@ -98,19 +109,77 @@ def temporary_path(target: Path, token: str) -> Path:
     return target.parent / f".{target.name}.tmp-{token}"
 
 
-def clean_temporaries(parent: Path, keep_token: str) -> list[Path]:
-    """Delete the leftovers of interrupted saves in ``parent`` (not those of the save ``keep_token``).
+def claim(temporary: Path, token: str) -> None:
+    """Create ``temporary`` with an owner file naming this process (host, pid, token)."""
+    temporary.mkdir(parents=True, exist_ok=True)
+    owner = {"token": token, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    (temporary / OWNER_FILE).write_text(json.dumps(owner))
 
-    An ``.old`` copy is kept when its checkpoint is missing: it is then the only copy left.
+
+def release(temporary: Path) -> None:
+    """Remove the owner file (the folder is complete and about to be published)."""
+    (temporary / OWNER_FILE).unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has ended
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _newest_change(folder: Path) -> float:
+    times = [folder.stat().st_mtime]
+    for path in folder.rglob("*"):
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:
+            pass
+    return max(times)
+
+
+def is_stale(entry: Path, now: float | None = None) -> bool:
+    """Whether the temporary folder ``entry`` provably belongs to no running save: its owner ran on this
+    machine and has ended, or nothing in it changed for ``STALE_AFTER_S`` (owner elsewhere or unknown)."""
+    now = time.time() if now is None else now
+    try:
+        owner = json.loads((entry / OWNER_FILE).read_text())
+        if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int):
+            return not _pid_alive(owner["pid"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return now - _newest_change(entry) > STALE_AFTER_S
+    except OSError:
+        return False
+
+
+def clean_temporaries(parent: Path, keep_token: str, name: str | None = None) -> list[Path]:
+    """Delete the leftovers of interrupted saves of checkpoint ``name`` in ``parent`` (all names when None);
+    never those of the save ``keep_token``, nor any that another save may still be writing (see
+    :func:`is_stale`), so jobs saving into sibling folders of one parent leave each other alone.
+
+    An ``.old`` copy is kept when its checkpoint is missing: it is then the only copy left (else it goes:
+    the checkpoint that replaced it is in place). ``.del`` folders (checkpoints that ``total_limit`` was
+    deleting) always go.
     """
     removed: list[Path] = []
     if not parent.is_dir():
         return removed
     for entry in parent.iterdir():
         match = _TEMPORARY.match(entry.name)
-        if not match or match["token"] == keep_token:
+        if not match or match["token"] == keep_token or (name is not None and match["name"] != name):
             continue
         if match["kind"] == "old" and not (parent / match["name"]).exists():
+            continue
+        if match["kind"] == "tmp" and not is_stale(entry):
             continue
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
@@ -147,7 +216,7 @@ def prune(root: Path, total_limit: int | None, keep: Path) -> list[Path]:
         if path.resolve() == keep.resolve():
             continue
         # Rename first: a half-deleted folder must not look like a complete checkpoint.
-        doomed = path.parent / f".{path.name}.tmp-{os.urandom(4).hex()}"
+        doomed = path.parent / f".{path.name}.del-{os.urandom(4).hex()}"
         os.replace(path, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
         removed.append(path)

@@ -128,14 +128,14 @@ def _prepare_folder(accelerator: Any, group: Group, temporary: Path, token: str)
     local_main = accelerator.local_process_index == 0
     if not (project.save_on_each_node and group.active):
         if group.rank == 0:
-            naming.clean_temporaries(temporary.parent, token)
-            temporary.mkdir(parents=True)
+            naming.clean_temporaries(temporary.parent, token, _cleaned_name(project, temporary))
+            naming.claim(temporary, token)
         group.barrier()
         return group.rank == 0, False
     marker = temporary / f".node-{group.rank}"
     if local_main:
-        naming.clean_temporaries(temporary.parent, token)
-        temporary.mkdir(parents=True, exist_ok=True)
+        naming.clean_temporaries(temporary.parent, token, _cleaned_name(project, temporary))
+        naming.claim(temporary, token)
         marker.touch()
     mains = [rank for rank, flag in enumerate(group.gather(local_main)) if flag]
     shared = group.broadcast(all((temporary / f".node-{r}").exists() for r in mains) if group.rank == 0 else None)
@@ -143,6 +143,12 @@ def _prepare_folder(accelerator: Any, group: Group, temporary: Path, token: str)
     if local_main:
         marker.unlink(missing_ok=True)
     return (group.rank == 0, False) if shared else (local_main, True)
+
+
+def _cleaned_name(project: Any, temporary: Path) -> str | None:
+    """Whose leftovers a save may clean: any checkpoint's in the project's own checkpoints folder
+    (automatic naming), else only those of the checkpoint it writes (the parent may hold other jobs')."""
+    return None if project.automatic_checkpoint_naming else temporary.name[1:].rsplit(".tmp-", 1)[0]
 
 
 def engine_of(accelerator: Any) -> Any:
@@ -227,6 +233,7 @@ def _describe_own_files(group: Group, folder: Path, metadata: Any) -> dict[str, 
 def _finish(accelerator: Any, group: Group, temporary: Path, target: Path, token: str,
             everything: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     """On rank 0: write the manifest, rename the folder into place, apply ``total_limit``."""
+    naming.release(temporary)  # complete: the owner file is not part of the checkpoint
     files: dict[str, Any] = {}
     for part in everything:
         files.update(part)
@@ -256,6 +263,7 @@ def _replicate(accelerator: Any, group: Group, temporary: Path | None, target: P
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
+            naming.release(temporary)
             naming.publish(temporary, target, token)
             project = accelerator.project_configuration
             if project.automatic_checkpoint_naming:

@@ -189,10 +189,25 @@ class SafeFileSystemReader(FileSystemReader):
                                   "or corrupted") from None
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path} does not hold DCP metadata (found {type(metadata).__name__})")
+        check_inside(Path(self.path), metadata)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def check_inside(folder: Path, metadata: Metadata) -> None:
+    """Refuse metadata whose storage entries point outside ``folder`` (``../other/...``, absolute paths,
+    links): the manifest's checksums cover only the folder's own files."""
+    root = folder.resolve()
+    for index, info in (getattr(metadata, "storage_data", None) or {}).items():
+        relative = str(getattr(info, "relative_path", ""))
+        resolved = (root / relative).resolve()
+        if not relative or os.path.isabs(relative) or not resolved.is_relative_to(root) or resolved == root:
+            key = getattr(index, "fqn", index)
+            raise CheckpointError(f"{folder / DCP_METADATA} says {key!r} is stored in {relative!r}, which is "
+                                  f"outside the checkpoint folder {folder}: refusing to read it (a crafted or "
+                                  "damaged checkpoint)")
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -49,3 +49,18 @@ class ProjectConfiguration:
     def __post_init__(self) -> None:
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
+        problems = self.problems()
+        if problems:
+            raise ValueError("ProjectConfiguration: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """What is wrong with the settings (also checked by ``save_state``, as they can be changed later)."""
+        found = []
+        limit = self.total_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            found.append(f"total_limit={limit!r} is not valid; give the number of checkpoints to keep (an integer "
+                         "of at least 1), or None to keep them all")
+        if isinstance(self.iteration, bool) or not isinstance(self.iteration, int) or self.iteration < 0:
+            found.append(f"iteration={self.iteration!r} is not valid; it is the number of the next automatically "
+                         "named checkpoint, an integer of at least 0")
+        return found

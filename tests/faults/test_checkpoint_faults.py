@@ -1,0 +1,114 @@
+"""Checkpoint faults in one process (or two independent jobs): saves that cannot collide, stale leftovers,
+crafted metadata, bad settings. The multi-process and kill cases are in test_checkpoint_faults_distributed."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from faultkit import SCRIPTS, clean_env
+from overdrive import Accelerator, ProjectConfiguration
+from overdrive.checkpoint import CheckpointError, naming
+from overdrive.checkpoint.storage import checksum
+from overdrive.state import GradientState
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    GradientState._reset_state()
+    yield
+    GradientState._reset_state()
+
+
+def _accelerator(**project):
+    accelerator = Accelerator(project_config=ProjectConfiguration(**project)) if project else Accelerator()
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    return accelerator, model, optimizer
+
+
+@pytest.mark.timeout(120)
+def test_two_jobs_saving_into_sibling_folders_both_succeed(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    env = clean_env(tmp_path)
+    jobs = [subprocess.Popen([sys.executable, str(SCRIPTS / "save_loop.py"), str(runs / name), "12"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in ("A", "B")]
+    outputs = [job.communicate(timeout=110) for job in jobs]
+    for job, (out, err) in zip(jobs, outputs):
+        assert job.returncode == 0 and out.strip() == "OK", err[-3000:]
+    assert sorted(p.name for p in runs.iterdir()) == ["A", "B"]  # no leftovers either
+
+
+def test_a_live_save_in_progress_is_never_cleaned_and_a_dead_ones_is(tmp_path):
+    accelerator, *_ = _accelerator()
+    root = tmp_path / "runs"
+    live = root / ".A.tmp-aaaa"  # another process (this one, alive) writing checkpoint A
+    naming.claim(live, "aaaa")
+    dead_owner = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                text=True).stdout.strip()
+    dead = root / ".A.tmp-bbbb"  # a save killed earlier on this machine: its pid has ended
+    dead.mkdir(parents=True)
+    (dead / naming.OWNER_FILE).write_text(json.dumps({"token": "bbbb", "host": os.uname().nodename,
+                                                      "pid": int(dead_owner)}))
+    unknown = root / ".A.tmp-cccc"  # no owner file, recently changed: maybe another machine's save
+    unknown.mkdir()
+    sibling = root / ".B.tmp-dddd"  # B's save: not A's business, even when stale
+    sibling.mkdir()
+    accelerator.save_state(root / "A")
+    assert live.is_dir() and unknown.is_dir() and sibling.is_dir() and not dead.exists()
+    assert (root / "A" / "manifest.json").is_file() and not (root / "A" / naming.OWNER_FILE).exists()
+    os.utime(unknown, (0, 0))  # untouched for longer than STALE_AFTER_S
+    accelerator.save_state(root / "A")
+    assert not unknown.exists() and live.is_dir() and sibling.is_dir()
+
+
+def test_crafted_metadata_pointing_outside_the_folder_is_refused(tmp_path):
+    accelerator, model, _ = _accelerator()
+    other = Path(accelerator.save_state(tmp_path / "other"))
+    target = Path(accelerator.save_state(tmp_path / "ckpt"))
+    metadata_path = target / ".metadata"
+    metadata = pickle.loads(metadata_path.read_bytes())
+    for info in metadata.storage_data.values():
+        info.relative_path = f"../{other.name}/{info.relative_path}"
+    metadata_path.write_bytes(pickle.dumps(metadata))
+    manifest = json.loads((target / "manifest.json").read_text())  # the attacker fixes the manifest too
+    manifest["files"][".metadata"].update(size=metadata_path.stat().st_size, crc32=checksum(metadata_path))
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    changed = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(CheckpointError, match=r"is stored in '\.\./other/__0_0\.distcp', which is outside"):
+        accelerator.load_state(target)
+    assert all(torch.equal(a, b) for a, b in zip(changed, model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("limit", ["x", 2.5, 0, -1, True])
+def test_total_limit_is_checked_when_the_configuration_is_built(limit):
+    with pytest.raises(ValueError, match=rf"total_limit={limit!r} is not valid"):
+        ProjectConfiguration(total_limit=limit)
+
+
+def test_total_limit_changed_later_fails_before_anything_is_written(tmp_path):
+    accelerator, *_ = _accelerator(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    accelerator.project_configuration.total_limit = "x"
+    with pytest.raises(ValueError, match="total_limit='x' is not valid"):
+        accelerator.save_state()
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+    accelerator.project_configuration.total_limit = 1
+    first = accelerator.save_state()
+    second = accelerator.save_state()  # the next save works and the limit applies
+    assert not Path(first).exists() and Path(second).is_dir()
