@@ -383,6 +383,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             attributes["batches_yielded"] += 1
             self._reached_end()
             yield current
+            self._join_remaining_gathers()
         finally:
             self.gradient_state._remove_dataloader(self)
 
