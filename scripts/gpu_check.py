@@ -9,7 +9,8 @@ steps on a global batch of ``--batch`` sequences and prints the largest differen
 same steps on one device, the peak memory per process and the step time. With one GPU it runs the
 one-process layouts and context parallel over a mesh of one device. On the CPU, context parallel must
 be refused before training (torch has no CPU attention rule for it): the script checks that it is.
-Exit status 1 when a layout misses the tolerance or fails.
+Then the big-model dispatch check (scripts/gpu_check_big_model.py: a model over every GPU, the CPU and the
+disk against one device). Exit status 1 when a layout or a check misses the tolerance or fails.
 """
 
 from __future__ import annotations
@@ -268,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         mp.spawn(worker, args=(world, _free_port(), args), nprocs=world, join=True)
     except Exception:  # noqa: BLE001 - a rank failed (its traceback is printed above)
         return 1
-    return 0
+    # big-model dispatch over every GPU, the CPU and the disk (scripts/gpu_check_big_model.py)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu_check_big_model
+
+    return gpu_check_big_model.main(["--cpu"] if args.cpu else [])
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from overdrive.big_model.attach import (
     attach_align_device_hook_on_blocks,
     attach_execution_device_hook,
 )
+from overdrive.big_model.casting import LayerwiseCastingHook
 from overdrive.big_model.hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -16,6 +17,7 @@ from overdrive.big_model.hooks import (
     remove_hook_from_submodules,
 )
 
-__all__ = ["ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook",
-           "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules", "attach_align_device_hook",
+__all__ = ["LayerwiseCastingHook", "ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload",
+           "UserCpuOffloadHook", "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules",
+           "attach_align_device_hook",
            "attach_align_device_hook_on_blocks", "attach_execution_device_hook"]

@@ -1,5 +1,5 @@
 """Accelerate's ``accelerate.inference`` names, from :mod:`overdrive.big_model.pippy` (re-exports only)."""
 
-from overdrive.big_model.pippy import prepare_pippy
+from overdrive.big_model.pippy import find_pippy_batch_size, generate_device_map, prepare_pippy
 
-__all__ = ["prepare_pippy"]
+__all__ = ["prepare_pippy", "find_pippy_batch_size", "generate_device_map"]

@@ -99,6 +99,10 @@ def test_auto_map_with_cpu_budget_and_dtype(saved: tuple, tmp_path: Path) -> Non
     assert "disk" in model.hf_device_map.values() and "cpu" in model.hf_device_map.values()
     with torch.no_grad():
         assert torch.equal(model(TOKENS).logits, logits)
+    staged = load_checkpoint_and_dispatch(empty_llama(), folder, device_map=HALF_ON_DISK, offload_state_dict=True,
+                                          offload_folder=tmp_path / "staged")
+    with torch.no_grad():
+        assert torch.equal(staged(TOKENS).logits, logits)
     half = load_checkpoint_and_dispatch(empty_llama(), folder, dtype=torch.bfloat16,
                                         device_map={"": "cpu"}, keep_in_fp32_modules=None)
     assert half.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
@@ -230,6 +234,22 @@ def test_bad_device_maps_change_nothing(saved: tuple, tmp_path: Path) -> None:
     assert _unchanged(model, before)
 
 
+def test_transformers_can_switch_the_map_check_off(saved: tuple, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers assigns a no-op to accelerate.big_modeling.check_device_map for models whose
+    _no_placement_params stay unmapped; dispatch_model honours it."""
+    import overdrive.big_modeling
+
+    reference, _, logits = saved
+    partial = {k: v for k, v in HALF_ON_DISK.items() if k != "lm_head"}
+    with pytest.raises(ValueError, match="no device for these tensors: lm_head.weight"):
+        dispatch_model(copy.deepcopy(reference), partial, offload_dir=tmp_path / "a")
+    monkeypatch.setattr(overdrive.big_modeling, "check_device_map", lambda model, device_map: None)
+    model = dispatch_model(copy.deepcopy(reference), partial, offload_dir=tmp_path / "b")
+    with torch.no_grad():
+        assert torch.equal(model(TOKENS).logits, logits)
+
+
 def test_mismatched_and_corrupt_checkpoints_change_nothing(saved: tuple, tmp_path: Path) -> None:
     reference, folder, _ = saved
     from transformers import LlamaForCausalLM
@@ -255,3 +275,25 @@ def test_mismatched_and_corrupt_checkpoints_change_nothing(saved: tuple, tmp_pat
     with pytest.raises(CheckpointError, match=f"{last.name} is not a valid safetensors file.*truncated"):
         load_checkpoint_in_model(model, broken)
     assert _unchanged(model, before)
+
+
+def test_layerwise_casting_and_offloaded_state_dict(saved: tuple, tmp_path: Path) -> None:
+    from overdrive.big_model import attach_layerwise_casting_hooks, get_state_dict_offloaded_model
+
+    torch.manual_seed(0)
+    model = Toy(tie=False)
+    x = torch.randint(0, 20, (3, 4))
+    rounded = copy.deepcopy(model)
+    for layer in rounded.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.to(torch.bfloat16).to(torch.float32)
+    attach_layerwise_casting_hooks(model, torch.bfloat16, torch.float32, skip_modules_classes=(torch.nn.Embedding,))
+    assert model.blocks[0].fc1.weight.dtype == torch.bfloat16 and model.embed.weight.dtype == torch.float32
+    assert torch.equal(model(x), rounded(x))  # computed in fp32 from the bf16-stored weights
+    assert model.head.weight.dtype == torch.bfloat16  # back to storage after the forward
+    reference, _, _ = saved
+    offloaded = disk_offload(copy.deepcopy(reference), tmp_path / "disk", execution_device="cpu")
+    state = get_state_dict_offloaded_model(offloaded)
+    expected = reference.state_dict()
+    assert set(state) >= {k for k in expected if k != "lm_head.weight"}
+    assert all(torch.equal(state[k], expected[k]) for k in state)

@@ -143,3 +143,31 @@ def test_clean_device_map() -> None:
     assert clean_device_map({"a.x": 0, "a.y": 0}) == {"": 0}
     assert clean_device_map({"a.x": 0, "a.y": 1, "b": 1}) == {"a.x": 0, "a.y": 1, "b": 1}
     assert isinstance(Block(), nn.Module)
+
+
+@pytest.mark.optional
+def test_fallback_allocation_and_pippy_maps_match_accelerate() -> None:
+    """An accelerator too small for the next block gets a smaller module instead of staying empty."""
+    accelerate_utils = pytest.importorskip("accelerate.utils")
+    accelerate_inference = pytest.importorskip("accelerate.inference")
+    from overdrive.big_model import fallback_allocate, get_module_leaves
+    from overdrive.inference import find_pippy_batch_size, generate_device_map
+
+    model = llama(layers=4, tie=False)
+    sizes = compute_module_sizes(model)
+    layer = sizes["model.layers.0"]
+    memory = {0: layer // 2 + sizes["model.embed_tokens"], 1: 3 * layer, "cpu": 10 * layer}
+    ours = infer_auto_device_map(model, dict(memory), ["LlamaDecoderLayer"], fallback_allocation=True)
+    theirs = accelerate_utils.infer_auto_device_map(model, dict(memory), ["LlamaDecoderLayer"],
+                                                    fallback_allocation=True)
+    assert ours == theirs
+    assert 0 in ours.values()  # without the fallback, device 0 would hold nothing
+    modules = list(model.named_children())
+    assert fallback_allocate(modules, sizes, layer)[0] == accelerate_utils.modeling.fallback_allocate(
+        modules, sizes, layer)[0]
+    assert get_module_leaves(sizes) == accelerate_utils.modeling.get_module_leaves(sizes)
+    for n in (1, 2, 3):
+        assert generate_device_map(model, n, ["LlamaDecoderLayer"]) == accelerate_inference.generate_device_map(
+            model, n, ["LlamaDecoderLayer"])
+    assert find_pippy_batch_size((1, torch.zeros(3, 2)), {}) == 3
+    assert find_pippy_batch_size((), {"x": torch.zeros(5)}) == 5

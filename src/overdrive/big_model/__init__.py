@@ -24,8 +24,11 @@ _MODULES = {
               "compute_module_sizes", "compute_module_total_buffer_size", "get_max_layer_size",
               "find_tied_parameters", "retie_parameters", "get_module_size_with_ties",
               "check_tied_parameters_on_same_device", "get_max_memory", "id_tensor_storage",
-              "check_tied_parameters_in_config", "calculate_maximum_sizes"),
-    "planning": ("get_balanced_memory", "infer_auto_device_map", "check_device_map", "clean_device_map"),
+              "check_tied_parameters_in_config", "calculate_maximum_sizes", "check_device_same", "get_module_leaves"),
+    "planning": ("get_balanced_memory", "infer_auto_device_map", "check_device_map", "clean_device_map",
+                 "fallback_allocate"),
+    "casting": ("LayerwiseCastingHook", "attach_layerwise_casting_hooks"),
+    "state_dicts": ("get_state_dict_offloaded_model", "get_state_dict_from_offload"),
     "tensors": ("set_module_tensor_to_device",),
     "hooks": ("ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook",
               "add_hook_to_module", "remove_hook_from_module", "has_offloaded_params", "align_module_device"),
@@ -36,7 +39,7 @@ _MODULES = {
     "dispatch": ("dispatch_model", "cpu_offload", "cpu_offload_with_hook", "disk_offload"),
     "checkpoint_files": ("load_state_dict", "CheckpointError"),
     "loading": ("load_checkpoint_in_model", "load_checkpoint_and_dispatch"),
-    "pippy": ("prepare_pippy",),
+    "pippy": ("prepare_pippy", "find_pippy_batch_size", "generate_device_map"),
 }
 
 #: public name -> the module of this package that defines it

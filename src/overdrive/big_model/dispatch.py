@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -50,6 +51,13 @@ def _record_ties(model: nn.Module, tied: list[list[str]]) -> None:
 
 def _has_index(folder: str | os.PathLike[str] | None) -> bool:
     return folder is not None and os.path.isfile(os.path.join(os.fspath(folder), INDEX_FILE))
+
+
+def _device_map_check() -> Callable[[nn.Module, Mapping[str, Any]], None]:
+    """``check_device_map``, or what replaced it in the ``accelerate.big_modeling`` compat module:
+    transformers assigns a no-op there to dispatch models whose ``_no_placement_params`` stay unmapped."""
+    compat = sys.modules.get("overdrive.big_modeling")
+    return getattr(compat, "check_device_map", check_device_map)
 
 
 def cpu_offload(model: nn.Module, execution_device: Any = None, offload_buffers: bool = False,
@@ -144,7 +152,7 @@ def dispatch_model(model: nn.Module, device_map: Mapping[str, Any], main_device:
         >>> dispatch_model(model, {"embed": 0, "layers.0": 0, "layers.1": "cpu", "head": "disk"},
         ...                offload_dir="offload")
     """
-    check_device_map(model, device_map)
+    _device_map_check()(model, device_map)
     disk = _check_disk(device_map, offload_dir, offload_index)
     devices = set(device_map.values())
     if len(devices) > 1 or force_hooks:

@@ -10,13 +10,14 @@ micro-batches and returns the output on the last process (``None`` elsewhere), o
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["prepare_pippy", "PippyOutput"]
+__all__ = ["prepare_pippy", "PippyOutput", "find_pippy_batch_size", "generate_device_map"]
 
 
 class PippyOutput(tuple):
@@ -52,6 +53,31 @@ class PippyModel(nn.Module):
             return None
         logits = logits[:batch]
         return PippyOutput((logits,)) if self._transformers else logits
+
+
+def find_pippy_batch_size(args: tuple, kwargs: dict) -> int | None:
+    """The batch size of the first tensor among ``args`` then ``kwargs``' values (None if there is none)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.ndim:
+            return int(value.shape[0])
+    return None
+
+
+def generate_device_map(model: nn.Module, num_processes: int = 1, no_split_module_classes: list[str] | None = None,
+                        max_memory: dict | None = None) -> dict[str, Any]:
+    """Accelerate's even split of ``model`` over ``num_processes`` devices (a device map, not cleaned):
+    each gets (model size + largest layer) / n, plus 10%."""
+    from overdrive.big_model.estimate import convert_bytes
+    from overdrive.big_model.planning import infer_auto_device_map
+    from overdrive.big_model.sizes import calculate_maximum_sizes
+
+    if num_processes == 1:
+        return infer_auto_device_map(model, max_memory, no_split_module_classes, clean_result=False)
+    if max_memory is None:
+        total, (largest, _) = calculate_maximum_sizes(model)
+        value, unit = convert_bytes((total + largest) / num_processes).split(" ")
+        max_memory = dict.fromkeys(range(num_processes), f"{math.ceil(float(value)) * 1.1} {unit}")
+    return infer_auto_device_map(model, max_memory, no_split_module_classes, clean_result=False)
 
 
 def _batch_of(tree: Any) -> int | None:

@@ -29,7 +29,8 @@ from overdrive.big_model.sizes import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["get_balanced_memory", "infer_auto_device_map", "check_device_map", "clean_device_map"]
+__all__ = ["get_balanced_memory", "infer_auto_device_map", "check_device_map", "clean_device_map",
+           "fallback_allocate"]
 
 
 def _class_names(no_split_module_classes: Any) -> list[str]:
@@ -85,8 +86,8 @@ class _Planner:
     """The state of one ``infer_auto_device_map`` run: devices, what each holds, what is left to place."""
 
     def __init__(self, model: nn.Module, memory: dict[DeviceKey, int], classes: list[str], dtype: Any,
-                 special_dtypes: Any, offload_buffers: bool, verbose: bool) -> None:
-        self.model, self.classes, self.verbose = model, classes, verbose
+                 special_dtypes: Any, offload_buffers: bool, verbose: bool, fallback: bool = False) -> None:
+        self.model, self.classes, self.verbose, self.fallback = model, classes, verbose, fallback
         self.dtype, self.special_dtypes, self.offload_buffers = dtype, special_dtypes, offload_buffers
         self.memory = memory
         self.devices: list[DeviceKey] = list(memory) + ([] if "disk" in memory else ["disk"])
@@ -115,9 +116,7 @@ class _Planner:
 
     def tied_outside(self, name: str) -> list[str]:
         """Parameters tied to one inside ``name`` that live outside it."""
-        inside = [group for group in self.tied if any((k + ".").startswith(name + ".") for k in group)
-                  and not all((k + ".").startswith(name + ".") for k in group)]
-        return [k for group in inside for k in group if not (k + ".").startswith(name + ".")]
+        return _outside(name, self.tied)
 
     def children_of(self, name: str, module: Any) -> list[tuple[str, Any]]:
         if isinstance(module, torch.Tensor):
@@ -166,6 +165,13 @@ class _Planner:
                 self.todo = children + self.todo
                 self._refresh_max_layer()
                 return
+        if self.fallback and self.used[device] == 0 and device != "disk":
+            # an empty device: rather than leave it unused, put the first smaller module that fits on it
+            room = self.memory[device] - max(self.max_layer, with_ties)
+            found, found_module, rest = fallback_allocate(self.todo, self.sizes, room, self.classes, self.tied)
+            if found is not None:
+                self.todo = [(found, found_module), (name, module)] + rest
+                return
         self.say(f"Not enough space on {device} for {name} (size {with_ties}); moving to the next device.")
         self.used[device] += reserved
         self.current += 1
@@ -202,14 +208,14 @@ def infer_auto_device_map(model: nn.Module, max_memory: dict[DeviceKey, int | st
         clean_result: merge the entries of a module whose parts all landed on one device.
         offload_buffers: whether buffers of offloaded modules are offloaded too (only changes the warning
             about buffers that must stay on the accelerator).
-        fallback_allocation: accepted for Accelerate compatibility; when an accelerator would be left empty
-            because the next block does not fit, the planner still moves on (as Accelerate does by default).
+        fallback_allocation: when an accelerator would be left empty because the next module does not fit,
+            put the first smaller module that does fit there first (depth first, as Accelerate does).
 
     Example:
         >>> device_map = infer_auto_device_map(model, {0: "1GB", "cpu": "8GB"}, ["LlamaDecoderLayer"])
     """
     planner = _Planner(model, get_max_memory(max_memory), _class_names(no_split_module_classes), dtype,
-                       special_dtypes, offload_buffers, verbose)
+                       special_dtypes, offload_buffers, verbose, fallback_allocation)
     while planner.todo:
         planner.step()
     device_map = clean_device_map(planner.device_map) if clean_result else planner.device_map
@@ -233,6 +239,50 @@ def _module_tensor_names(model: nn.Module) -> tuple[set[str], list[str]]:
     tensors = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     tensors += [name for name, _ in model.named_buffers(remove_duplicate=False)]
     return modules | set(tensors), tensors
+
+
+def fallback_allocate(modules: list[tuple[str, Any]], module_sizes: Mapping[str, int], size_limit: int | str,
+                      no_split_module_classes: list[str] | None = None,
+                      tied_parameters: list[list[str]] | None = None) -> tuple[str | None, Any, list[tuple[str, Any]]]:
+    """The first module (depth first, opening splittable ones) that fits in ``size_limit`` with its tied
+    modules: ``(name, module, what is left of modules)``, or ``(None, None, modules)`` when none fits."""
+    from overdrive.big_model.sizes import convert_file_size_to_int
+
+    try:
+        limit = convert_file_size_to_int(size_limit)
+    except ValueError:
+        return None, None, modules
+    classes = _class_names(no_split_module_classes)
+    pending, found = list(modules), None
+    while pending:
+        name, module = pending.pop(0)
+        tied = _outside(name, tied_parameters or [])
+        if get_module_size_with_ties(tied, module_sizes[name], module_sizes, pending)[0] <= limit:
+            found = name
+            break
+        children = [] if isinstance(module, torch.Tensor) else list(module.named_children())
+        if children and type(module).__name__ not in classes:
+            items = list(module.named_parameters(recurse=False)) + children
+            pending = [(f"{name}.{child}", sub) for child, sub in items] + pending
+    if found is None:
+        return None, None, modules
+    rest = list(modules)
+    for index, char in enumerate(found):  # open each ancestor of the found module in place
+        names = [n for n, _ in rest]
+        if char == "." and found[:index] in names:
+            at = names.index(found[:index])
+            parent = rest[at][1]
+            items = list(parent.named_parameters(recurse=False)) + list(parent.named_children())
+            rest[at:at + 1] = [(f"{found[:index]}.{child}", sub) for child, sub in items]
+    at = [n for n, _ in rest].index(found)
+    return found, rest.pop(at)[1], rest
+
+
+def _outside(name: str, tied_parameters: list[list[str]]) -> list[str]:
+    """Parameters tied to one inside ``name`` that live outside it."""
+    groups = [g for g in tied_parameters if any((k + ".").startswith(name + ".") for k in g)
+              and not all((k + ".").startswith(name + ".") for k in g)]
+    return [k for g in groups for k in g if not (k + ".").startswith(name + ".")]
 
 
 def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:

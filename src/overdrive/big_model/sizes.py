@@ -23,7 +23,8 @@ __all__ = [
     "convert_file_size_to_int", "dtype_byte_size", "named_module_tensors", "get_non_persistent_buffers",
     "compute_module_sizes", "compute_module_total_buffer_size", "get_max_layer_size", "find_tied_parameters",
     "retie_parameters", "get_module_size_with_ties", "check_tied_parameters_on_same_device", "get_max_memory",
-    "id_tensor_storage", "check_tied_parameters_in_config", "calculate_maximum_sizes",
+    "id_tensor_storage", "check_tied_parameters_in_config", "calculate_maximum_sizes", "check_device_same",
+    "get_module_leaves",
 ]
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -302,3 +303,20 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
     top = (list(model.named_parameters(recurse=False)) + list(model.named_children())
            + list(model.named_buffers(recurse=False)))
     return sizes[""], get_max_layer_size(top, sizes, blocks)
+
+
+def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
+    """Whether two devices are the same, counting ``cuda`` as the current ``cuda:N``."""
+    if first_device.type != second_device.type:
+        return False
+    if first_device.type != "cpu" and (first_device.index is None) != (second_device.index is None):
+        current = torch.accelerator.current_device_index() if torch.accelerator.is_available() else 0
+        return (first_device.index if first_device.index is not None else current) == \
+            (second_device.index if second_device.index is not None else current)
+    return first_device == second_device
+
+
+def get_module_leaves(module_sizes: Mapping[str, int]) -> list[str]:
+    """Names in ``module_sizes`` with nothing below them (``""`` excluded)."""
+    parents = {name.rsplit(".", 1)[0] for name in module_sizes if "." in name}
+    return [name for name in module_sizes if name and name not in parents]

@@ -1,0 +1,237 @@
+"""Big-model loading and disk-offload generation: overdrive against Accelerate, same checkpoint, same run.
+
+    .venv/bin/python bench/big_model.py                 # ~540 MB fp32 Llama, 3 rounds (~5 min on 2 cores)
+    .venv/bin/python bench/big_model.py --quick         # ~140 MB model, 2 rounds
+
+One Llama-style model (transformers, built from a config with a fixed seed, untied head) is saved once
+as sharded safetensors (``--shard`` MB shards) in a temporary folder. Then, round after round and in
+alternating order, a fresh interpreter per measurement runs, for each contender (overdrive's
+``overdrive.big_model``, the real ``accelerate``):
+
+- **load**: ``init_empty_weights`` + ``load_checkpoint_and_dispatch(model, folder, device_map={"": "cpu"})``:
+  wall time of that call, and peak resident memory above the level just before it (sampled every 2 ms
+  from /proc/self/statm; ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed memory shows); then the resident
+  memory after one forward (Accelerate leaves the weights in safetensors' file mapping, zero-copy: they
+  become resident only when read; overdrive copies them into the process during the load);
+- **generate**: the same load with the second half of the decoder layers mapped to ``"disk"`` (offload
+  folder in the same temporary folder), then greedy ``generate`` of ``--new-tokens`` tokens after a
+  prompt of 16 (one untimed warm-up generation first): tokens per second.
+
+The checkpoint files are read once before the rounds so both contenders find them in the page cache.
+Targets (issue 13): peak load memory <= model size + largest shard + 10%; overdrive's load time and
+generation speed at least Accelerate's. Prints a table and writes bench/results/big_model.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"full": dict(hidden=768, intermediate=2048, layers=12, vocab=32000),
+         "quick": dict(hidden=384, intermediate=1024, layers=8, vocab=32000)}
+
+
+def _config(size: dict[str, int]) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=size["vocab"], hidden_size=size["hidden"], intermediate_size=size["intermediate"],
+                       num_hidden_layers=size["layers"], num_attention_heads=12 if size["hidden"] % 12 == 0 else 8,
+                       num_key_value_heads=4, tie_word_embeddings=False, max_position_embeddings=512)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRSS:
+    """Peak resident memory while the block runs, sampled every 2 ms."""
+
+    def __enter__(self) -> PeakRSS:
+        self.start = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+
+def _library(contender: str) -> Any:
+    if contender == "overdrive":
+        from overdrive import big_model as library
+    else:
+        import accelerate as library  # the real package: no install_as_accelerate in this process
+        from accelerate.utils import modeling  # noqa: F401
+    return library
+
+
+def _empty_model(library: Any, size: dict[str, int]) -> Any:
+    from transformers import LlamaForCausalLM
+
+    with library.init_empty_weights():
+        model = LlamaForCausalLM(_config(size))
+    return model.eval()
+
+
+def worker(contender: str, task: str, folder: str, size: dict[str, int], new_tokens: int) -> dict[str, Any]:
+    import torch
+
+    library = _library(contender)
+    model = _empty_model(library, size)
+    layers = size["layers"]
+    if task == "load":
+        device_map: dict[str, Any] = {"": "cpu"}
+        offload = None
+    else:
+        device_map = {"model.embed_tokens": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+        device_map |= {f"model.layers.{i}": "cpu" if i < layers // 2 else "disk" for i in range(layers)}
+        offload = tempfile.mkdtemp(dir=folder, prefix=f"offload-{contender}-")
+    with PeakRSS() as memory:
+        start = time.perf_counter()
+        model = library.load_checkpoint_and_dispatch(model, folder, device_map=device_map, offload_folder=offload)
+        load_s = time.perf_counter() - start
+    result: dict[str, Any] = {"load_s": load_s, "peak_rss_above_start": memory.peak - memory.start}
+    if task == "load":
+        # a zero-copy load (weights left in a file mapping) only becomes resident when the weights are read:
+        # one forward makes both contenders' real memory cost show
+        with torch.no_grad():
+            model(torch.zeros(1, 4, dtype=torch.long))
+        result["rss_after_forward_above_start"] = _rss() - memory.start
+    if task == "generate":
+        prompt = torch.randint(0, size["vocab"], (1, 16), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm-up
+            start = time.perf_counter()
+            out = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                                 min_new_tokens=new_tokens)
+            seconds = time.perf_counter() - start
+        result |= {"tokens_per_s": (out.shape[1] - prompt.shape[1]) / seconds, "tokens": out[0].tolist()}
+    return result
+
+
+def _save_checkpoint(folder: Path, size: dict[str, int], shard_mb: int) -> dict[str, int]:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config(size))
+    model.save_pretrained(folder, max_shard_size=f"{shard_mb}MB")
+    shards = sorted(folder.glob("*.safetensors"))
+    for shard in shards:  # into the page cache, for both contenders alike
+        shard.read_bytes()
+    return {"model_bytes": sum(p.numel() * p.element_size() for p in model.state_dict().values()),
+            "largest_shard_bytes": max(s.stat().st_size for s in shards), "num_shards": len(shards),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def _run_worker(contender: str, task: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, __file__, "--worker", contender, task, str(folder), "--size", args.size,
+               "--new-tokens", str(args.new_tokens)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{contender} {task} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _table(summary: dict[str, Any], facts: dict[str, int]) -> str:
+    mb = 1e6
+    o, a = summary["overdrive"], summary["accelerate"]
+    budget = (facts["model_bytes"] + facts["largest_shard_bytes"]) * 1.1
+    rows = [
+        "| measure | overdrive | Accelerate | overdrive / Accelerate |",
+        "|---|---:|---:|---:|",
+        f"| load on CPU, wall time (s) | {o['load_s']:.2f} | {a['load_s']:.2f} | {o['load_s'] / a['load_s']:.2f} |",
+        f"| load on CPU, peak RSS above start (MB) | {o['peak_rss'] / mb:.0f} | {a['peak_rss'] / mb:.0f} | "
+        f"{o['peak_rss'] / a['peak_rss']:.2f} |",
+        f"| RSS after one forward, above start (MB) | {o['rss_after_forward'] / mb:.0f} | "
+        f"{a['rss_after_forward'] / mb:.0f} | {o['rss_after_forward'] / a['rss_after_forward']:.2f} |",
+        f"| generate, half the layers on disk (tokens/s) | {o['tokens_per_s']:.2f} | {a['tokens_per_s']:.2f} | "
+        f"{o['tokens_per_s'] / a['tokens_per_s']:.2f} |",
+        f"| load with half on disk, wall time (s) | {o['offload_load_s']:.2f} | {a['offload_load_s']:.2f} | "
+        f"{o['offload_load_s'] / a['offload_load_s']:.2f} |",
+    ]
+    notes = (f"\nmodel {facts['model_bytes'] / mb:.0f} MB in {facts['num_shards']} shards (largest "
+             f"{facts['largest_shard_bytes'] / mb:.0f} MB); memory budget model + largest shard + 10% = "
+             f"{budget / mb:.0f} MB: overdrive {'within' if o['peak_rss'] <= budget else 'OVER'}, Accelerate "
+             f"{'within' if a['peak_rss'] <= budget else 'over'}")
+    return "\n".join(rows) + notes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a ~140 MB model and 2 rounds")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--shard", type=int, default=100, help="shard size in MB")
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--size", default=None, choices=list(SIZES))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "TASK", "FOLDER"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.size = args.size or ("quick" if args.quick else "full")
+    if args.worker:
+        contender, task, folder = args.worker
+        print(json.dumps(worker(contender, task, folder, SIZES[args.size], args.new_tokens)))
+        return
+    rounds = args.rounds or (2 if args.quick else 3)
+    samples: dict[str, dict[str, list[float]]] = {c: {} for c in ("overdrive", "accelerate")}
+    tokens: dict[str, list[int]] = {}
+    load_avg_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-big-model-") as tmp:
+        folder = Path(tmp)
+        facts = _save_checkpoint(folder, SIZES[args.size], args.shard)
+        for round_index in range(rounds):
+            order = ["overdrive", "accelerate"] if round_index % 2 == 0 else ["accelerate", "overdrive"]
+            for task in ("load", "generate"):
+                for contender in order:
+                    result = _run_worker(contender, task, folder, args)
+                    bucket = samples[contender]
+                    if task == "load":
+                        bucket.setdefault("load_s", []).append(result["load_s"])
+                        bucket.setdefault("peak_rss", []).append(result["peak_rss_above_start"])
+                        bucket.setdefault("rss_after_forward", []).append(result["rss_after_forward_above_start"])
+                    else:
+                        bucket.setdefault("offload_load_s", []).append(result["load_s"])
+                        bucket.setdefault("tokens_per_s", []).append(result["tokens_per_s"])
+                        tokens[contender] = result["tokens"]
+                    print(f"round {round_index + 1} {task:8s} {contender:10s} "
+                          f"{json.dumps({k: v for k, v in result.items() if k != 'tokens'})}", flush=True)
+    summary = {c: {k: statistics.median(v) for k, v in bucket.items()} for c, bucket in samples.items()}
+    table = _table(summary, facts)
+    print("\n" + table)
+    print(f"same greedy tokens: {tokens['overdrive'] == tokens['accelerate']}")
+    import accelerate
+    import torch
+    import transformers
+
+    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "facts": facts, "median": summary,
+              "samples": samples, "same_tokens": tokens["overdrive"] == tokens["accelerate"], "table": table,
+              "versions": {"torch": torch.__version__, "accelerate": accelerate.__version__,
+                           "transformers": transformers.__version__, "python": platform.python_version()},
+              "cpus": os.cpu_count(), "load_avg": {"start": load_avg_start, "end": os.getloadavg()}}
+    out = Path(args.out or ROOT / "bench" / "results" / f"big_model{'_quick' if args.quick else ''}.json")
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
