@@ -207,16 +207,11 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.test_utils.training": _names("overdrive.compat.testing", "RegressionDataset RegressionModel"),
 }
 
-#: names built in this issue's later steps, and their state
-_TRACKERS = ("CometMLTracker ClearMLTracker DVCLiveTracker TrackioTracker SwanLabTracker LOGGER_TYPE_TO_CLASS "
-             "filter_trackers get_available_trackers register_tracker_class")
-
 #: names another part of overdrive is building: name -> who (tests skip them, naming the owner, until they exist)
 PENDING: dict[str, str] = {
     "TorchDynamoPlugin": "arch-core (issue 11): TorchDynamoPlugin in the config layer",
     **dict.fromkeys(_BIG_MODEL_UTILS, "bigmodel (issue 13): big-model compat modules"),
     "prepare_pippy": "bigmodel (issue 13): big-model compat modules",
-    **dict.fromkeys(_TRACKERS.split(), "ecosystem (issue 12): more trackers"),
 }
 
 #: Accelerate names overdrive does not provide: name (or (overdrive module, name)) -> why

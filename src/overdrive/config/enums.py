@@ -63,6 +63,8 @@ class LoggerType(_StrEnum):
     COMETML = "comet_ml"
     CLEARML = "clearml"
     DVCLIVE = "dvclive"
+    TRACKIO = "trackio"
+    SWANLAB = "swanlab"
 
 
 class DDPCommunicationHookType(_StrEnum):

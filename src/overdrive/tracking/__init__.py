@@ -32,6 +32,10 @@ _LAZY = {
     "MLflowTracker": "overdrive.tracking.mlflow",
     "WandBTracker": "overdrive.tracking.wandb",
     "AimTracker": "overdrive.tracking.aim",
+    **dict.fromkeys(("CometMLTracker", "ClearMLTracker", "DVCLiveTracker", "TrackioTracker", "SwanLabTracker"),
+                    "overdrive.tracking.more"),
+    **dict.fromkeys(("LOGGER_TYPE_TO_CLASS", "filter_trackers", "get_available_trackers", "register_tracker_class"),
+                    "overdrive.tracking.accelerate_names"),
 }
 
 __all__ = [

@@ -1,0 +1,170 @@
+"""Comet, ClearML, DVCLive, Trackio and SwanLab trackers (Accelerate's names), each importing its library
+only in ``start()``; a missing library is an error saying what to ``pip install``.
+
+Keyword arguments given to the tracker (``init_trackers(..., init_kwargs={"comet_ml": {...}})``) go to the
+library's own start call; ``log`` keyword arguments to its logging call.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Any
+
+from overdrive.tracking.base import GeneralTracker, import_required
+
+
+def _numbers(values: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if isinstance(v, numbers.Number) and not isinstance(v, bool)}
+
+
+class _Run(GeneralTracker):
+    """A tracker around one run object of a library."""
+
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **init_kwargs: Any) -> None:
+        self.run_name = run_name
+        self.init_kwargs = dict(init_kwargs)
+        self.run: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        return self.run
+
+
+class CometMLTracker(_Run):
+    """A Comet experiment in project ``run_name`` (``comet_ml.start``; ``COMET_MODE=offline`` stays local)."""
+
+    name = "comet_ml"
+    required_packages = (("comet_ml", "comet-ml"),)
+
+    def start(self) -> None:
+        comet_ml = import_required("comet_ml", "comet-ml", self.name)
+        self.run = comet_ml.start(project_name=self.run_name, **self.init_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.log_parameters(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        for key, value in values.items():
+            if isinstance(value, dict):
+                self.run.log_metrics(value, step=step, prefix=key, **kwargs)
+            elif isinstance(value, str):
+                self.run.log_other(key, value)
+            else:
+                self.run.log_metric(key, value, step=step, **kwargs)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.end()
+            self.run = None
+
+
+class ClearMLTracker(_Run):
+    """A ClearML task in project ``run_name`` (``Task.init``); scalars go to the task's logger."""
+
+    name = "clearml"
+    required_packages = (("clearml", "clearml"),)
+
+    def start(self) -> None:
+        clearml = import_required("clearml", "clearml", self.name)
+        self.init_kwargs.setdefault("task_name", self.run_name)
+        self.run = clearml.Task.init(project_name=self.run_name, **self.init_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.connect_configuration(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        logger = self.run.get_logger()
+        for key, value in values.items():
+            if isinstance(value, str):
+                logger.report_text(f"{key}: {value}", **kwargs)
+            elif isinstance(value, numbers.Number):
+                title, _, series = key.partition("/")
+                logger.report_scalar(title=title, series=series or title, value=value, iteration=step or 0, **kwargs)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.close()
+            self.run = None
+
+
+class DVCLiveTracker(_Run):
+    """A DVCLive ``Live`` run (files under its ``dir``; the logging directory when there is one)."""
+
+    name = "dvclive"
+    uses_logging_directory = True
+    required_packages = (("dvclive", "dvclive"),)
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **init_kwargs: Any) -> None:
+        super().__init__(run_name, **init_kwargs)
+        if logging_dir is not None:
+            self.init_kwargs.setdefault("dir", os.path.join(os.fspath(logging_dir), "dvclive"))
+
+    def start(self) -> None:
+        dvclive = import_required("dvclive", "dvclive", self.name)
+        self.run = dvclive.Live(**self.init_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.log_params(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if step is not None:
+            self.run.step = step
+        for key, value in _numbers(values).items():
+            self.run.log_metric(key, value, **kwargs)
+        self.run.next_step()
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.end()
+            self.run = None
+
+
+class TrackioTracker(_Run):
+    """A Trackio run in project ``run_name`` (local-first; ``trackio.init``)."""
+
+    name = "trackio"
+    required_packages = (("trackio", "trackio"),)
+
+    def start(self) -> None:
+        trackio = import_required("trackio", "trackio", self.name)
+        self.run = trackio.init(project=self.run_name, **self.init_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        import trackio  # type: ignore[import-not-found]
+
+        trackio.config.update(values, allow_val_change=True)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, **kwargs)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+class SwanLabTracker(_Run):
+    """A SwanLab run in project ``run_name`` (``swanlab.init``; ``mode="offline"`` stays local)."""
+
+    name = "swanlab"
+    required_packages = (("swanlab", "swanlab"),)
+
+    def start(self) -> None:
+        swanlab = import_required("swanlab", "swanlab", self.name)
+        self.run = swanlab.init(project=self.run_name, **self.init_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        import swanlab  # type: ignore[import-not-found]
+
+        swanlab.config.update(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
