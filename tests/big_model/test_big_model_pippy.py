@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from big_model_helpers import Toy
@@ -19,8 +21,18 @@ def _split_run() -> dict:
     split = prepare_pippy(model, split_points=["blocks.2"], gather_output=True)
     gathered = split(x)
     last_only = prepare_pippy(Toy(tie=True, width=16, vocab=32).eval(), num_chunks=1)
-    return {"expected": expected, "gathered": gathered, "split": split.hf_split_points,
-            "last_only": None if last_only(x) is None else "tensor"}
+    result = {"expected": expected, "gathered": gathered, "split": split.hf_split_points,
+              "last_only": None if last_only(x) is None else "tensor"}
+    if importlib.util.find_spec("transformers") is None:
+        return result
+    from big_model_helpers import llama
+
+    model = llama(layers=4)  # a transformers model: its output keeps .logits
+    ids = torch.randint(0, 1000, (4, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        result["llama_expected"] = model(ids).logits
+    result["llama"] = prepare_pippy(model, gather_output=True)(ids).logits
+    return result
 
 
 def test_prepare_pippy_matches_one_process() -> None:
@@ -29,3 +41,6 @@ def test_prepare_pippy_matches_one_process() -> None:
         assert result["split"] == ["blocks.2"]
         assert torch.allclose(result["gathered"], result["expected"], atol=1e-6), rank
     assert [r["last_only"] for r in results] == [None, "tensor"]
+    for result in results:
+        if "llama" in result:
+            assert torch.allclose(result["llama"], result["llama_expected"], atol=1e-6)
