@@ -297,3 +297,26 @@ def test_layerwise_casting_and_offloaded_state_dict(saved: tuple, tmp_path: Path
     expected = reference.state_dict()
     assert set(state) >= {k for k in expected if k != "lm_head.weight"}
     assert all(torch.equal(state[k], expected[k]) for k in state)
+
+
+def test_offload_buffers_preload_and_in_place_loading(saved: tuple) -> None:
+    torch.manual_seed(0)
+    reference = Toy()
+    x = torch.randint(0, 20, (3, 4))
+    expected = reference(x)
+    model = cpu_offload(copy.deepcopy(reference), "cpu", offload_buffers=True, preload_module_classes=["Block"])
+    assert model.scale.device.type == "meta" and model.blocks[0].fc1.weight.device.type == "meta"
+    assert "_hf_hook" not in model.blocks[0].fc1.__dict__  # the Block's hook brings in its children's weights
+    assert torch.equal(model(x), expected)
+    remove_hook_from_module(model, recurse=True)
+    assert torch.equal(model.scale, reference.scale)
+    # a model that already has storage is loaded in place: same Parameter objects, the checkpoint's values
+    llama_reference, folder, logits = saved
+    target = copy.deepcopy(llama_reference)
+    for param in target.parameters():
+        torch.nn.init.zeros_(param)
+    before = {name: id(p) for name, p in target.named_parameters()}
+    load_checkpoint_in_model(target, folder)
+    assert before == {name: id(p) for name, p in target.named_parameters()}
+    with torch.no_grad():
+        assert torch.equal(target(TOKENS).logits, logits)
