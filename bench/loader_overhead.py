@@ -1,0 +1,142 @@
+"""The prepared data loader alone against a plain DataLoader (with a DistributedSampler on 2 processes).
+
+    .venv/bin/python bench/loader_overhead.py              # 1 and 2 processes, 30 rounds: ~2 min on 2 cores
+    .venv/bin/python bench/loader_overhead.py --procs 2 --rounds 60
+
+Each round iterates one epoch (100 batches of 64 samples of a shuffled ``TensorDataset``, no workers, one
+intra-op thread) and does nothing with the batches, so the loader's own cost is all there is. With 2
+processes both ranks iterate at once (a gloo group exists, as in training; neither loader communicates
+while iterating); rank 0's times are reported. The two loaders alternate (ABBA) after a warm-up epoch each;
+reported: the median time per batch, the median of prepared/plain per round with a distribution-free 95%
+confidence interval, and the same ratio on CPU time. Target (issue 15): x1.005.
+Writes bench/results/loader_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+BATCH, STEPS, TARGET = 64, 100, 1.005
+
+
+def median_ci(values: list[float]) -> tuple[float, float]:
+    ordered, n = sorted(values), len(values)
+    k = max(0, int((n - 1.96 * math.sqrt(n)) / 2))
+    return ordered[k], ordered[n - 1 - k]
+
+
+def loaders(world: int, rank: int) -> dict:
+    from overdrive.data import prepare_data_loader
+
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(STEPS * BATCH * world, 32, generator=g),
+                         torch.randint(0, 10, (STEPS * BATCH * world,), generator=g))
+    if world > 1:
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+        plain = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    else:
+        sampler, plain = None, DataLoader(data, batch_size=BATCH, shuffle=True)
+    prepared = prepare_data_loader(DataLoader(data, batch_size=BATCH, shuffle=True), num_processes=world,
+                                   process_index=rank, put_on_device=True, device=torch.device("cpu"))
+    epoch = [0]
+
+    def plain_epoch() -> int:
+        if sampler is not None:
+            sampler.set_epoch(epoch[0])  # what a plain distributed loop does each epoch
+        epoch[0] += 1
+        n = 0
+        for _ in plain:
+            n += 1
+        return n
+
+    def prepared_epoch() -> int:
+        n = 0
+        for _ in prepared:
+            n += 1
+        return n
+
+    return {"plain": plain_epoch, "prepared": prepared_epoch}
+
+
+def worker(rank: int, world: int, port: int, rounds: int, out_path: str) -> None:
+    torch.set_num_threads(1)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=120))
+    runs = loaders(world, rank)
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    counts = {name: run() for name, run in runs.items()}  # warm-up epoch; same number of batches
+    for r in range(rounds):
+        for name in (("plain", "prepared") if r % 2 == 0 else ("prepared", "plain")):
+            gc.collect()
+            if world > 1:
+                dist.barrier()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            n = runs[name]()
+            wall[name].append((time.perf_counter() - start) / n)
+            cpu[name].append((time.process_time() - start_cpu) / n)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps({"wall": wall, "cpu": cpu, "batches": counts}))
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_setting(world: int, rounds: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        out = os.path.join(tmp, "out.json")
+        mp.start_processes(worker, args=(world, port, rounds, out), nprocs=world, join=True, start_method="spawn")
+        raw = json.loads(Path(out).read_text())
+    ratios = [a / b for a, b in zip(raw["wall"]["prepared"], raw["wall"]["plain"])]
+    cpu_ratios = [a / b for a, b in zip(raw["cpu"]["prepared"], raw["cpu"]["plain"])]
+    return {**raw, "ratio": statistics.median(ratios), "ratio_ci": median_ci(ratios),
+            "cpu_ratio": statistics.median(cpu_ratios), "cpu_ratio_ci": median_ci(cpu_ratios),
+            "plain_us": statistics.median(raw["wall"]["plain"]) * 1e6,
+            "prepared_us": statistics.median(raw["wall"]["prepared"]) * 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--procs", nargs="+", type=int, default=[1, 2], choices=[1, 2])
+    args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    started, load0 = datetime.now(timezone.utc), os.getloadavg()
+    results = {world: run_setting(world, args.rounds) for world in args.procs}
+    print("| processes | plain µs/batch | prepared µs/batch | prepared / plain [95% CI] | CPU time ratio [95% CI] | "
+          "target x1.005 |\n|---|---|---|---|---|---|")
+    for world, r in results.items():
+        (low, high), (clow, chigh) = r["ratio_ci"], r["cpu_ratio_ci"]
+        verdict = "met" if high <= TARGET else "MISSED" if low > TARGET else "not resolved (CI spans it)"
+        print(f"| {world} | {r['plain_us']:.1f} | {r['prepared_us']:.1f} | {r['ratio']:.3f} [{low:.3f}-{high:.3f}] | "
+              f"{r['cpu_ratio']:.3f} [{clow:.3f}-{chigh:.3f}] | {verdict} |")
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    out = Path(__file__).parent / "results" / "loader_overhead.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit, "rounds": args.rounds,
+                               "load_avg_start_end": [load0, os.getloadavg()], "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

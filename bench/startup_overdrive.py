@@ -1,0 +1,30 @@
+"""The overdrive script bench/startup.py times: the same as startup_plain.py, written for overdrive (import,
+Accelerator(), prepare(model, optimizer, loader), one step), then the wall-clock time of it."""
+
+import atexit
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from overdrive import Accelerator
+
+accelerator = Accelerator()
+if accelerator.num_processes > 1:
+    atexit.register(time.sleep, 0.1)  # as in startup_plain.py
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = TensorDataset(torch.randn(1024, 32), torch.randint(0, 10, (1024,)))
+model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=64, shuffle=True))
+for x, y in loader:
+    with accelerator.accumulate(model):
+        loss = F.cross_entropy(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    break
+sys.stdout.write(f"FIRST_STEP {accelerator.process_index} {time.time():.6f} {time.process_time():.6f}\n")
+sys.stdout.flush()

@@ -1,0 +1,34 @@
+"""The plain-PyTorch script bench/startup.py times: import, model, optimizer, loader (DDP and a
+DistributedSampler under torchrun), one training step, then the wall-clock time of it."""
+
+import atexit
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+distributed = "WORLD_SIZE" in os.environ
+if distributed:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    atexit.register(time.sleep, 0.1)  # gloo may abort a fast exit on torch 2.13 (see tests/scripts/train_ddp.py)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+if distributed:
+    model = torch.nn.parallel.DistributedDataParallel(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = TensorDataset(torch.randn(1024, 32), torch.randint(0, 10, (1024,)))
+sampler = DistributedSampler(data) if distributed else None
+loader = DataLoader(data, batch_size=64, shuffle=sampler is None, sampler=sampler)
+x, y = next(iter(loader))
+loss = F.cross_entropy(model(x), y)
+loss.backward()
+optimizer.step()
+optimizer.zero_grad()
+rank = dist.get_rank() if distributed else 0
+sys.stdout.write(f"FIRST_STEP {rank} {time.time():.6f} {time.process_time():.6f}\n")
+sys.stdout.flush()
