@@ -12,6 +12,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from overdrive.checkpoint.errors import CheckpointError
 
 T = TypeVar("T")
+_calls: dict[str, int] = {}  # per process: how many saves / loads it started, to meet the other ranks'
 
 
 class Group:
@@ -21,6 +22,27 @@ class Group:
         self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.rank = dist.get_rank() if self.active else 0
         self.size = dist.get_world_size() if self.active else 1
+
+    def arrive(self, what: str) -> None:
+        """Check that every rank called ``what`` before its first collective: a save or load called on one
+        rank (``if accelerator.is_main_process: accelerator.save_state(...)``) fails here, clearly, instead
+        of pairing its collectives with whatever the other ranks do next (a gloo abort)."""
+        if not self.active:
+            return
+        from overdrive.runtime import watchdog
+
+        dog = watchdog.active()
+        if dog is None:  # a process group overdrive did not create: no store of ours to meet in
+            return
+        number = _calls[what] = _calls.get(what, 0) + 1
+        try:
+            dog.arrive(what, number)
+        except RuntimeError as exc:
+            _calls[what] = number - 1  # the next call is the one the other ranks will make
+            raise CheckpointError(
+                f"{exc}. Every process must call {what}(), as in Accelerate: call it outside "
+                "`if accelerator.is_main_process:` (the main process alone writes the shared files anyway). "
+                "Nothing was written or changed") from None
 
     def gather(self, value: Any) -> list[Any]:
         if not self.active:

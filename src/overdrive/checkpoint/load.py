@@ -51,6 +51,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
         raise TypeError(f"load_state() got unexpected arguments {sorted(unexpected)}; it accepts allow_pickle, "
                         "strict, verify and load_kwargs")
     group = Group()
+    group.arrive("load_state")  # before any collective
     project = accelerator.project_configuration
     folder = Path(group.run_on_main(lambda: str(_find(project, input_dir)), "load_state"))
     from overdrive.checkpoint.accelerate_format import is_accelerate_checkpoint, load_into

@@ -48,6 +48,7 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     if unexpected:
         raise TypeError(f"save_state() got unexpected arguments {sorted(unexpected)}")
     group = Group()
+    group.arrive("save_state")  # before any collective
     project = accelerator.project_configuration
     target_name, token = group.run_on_main(
         lambda: (str(naming.save_target(project, output_dir)), uuid.uuid4().hex[:16]), "save_state")

@@ -20,6 +20,7 @@ turns into a stack dump on their stderr when they run on this machine.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import os
@@ -172,6 +173,31 @@ class Watchdog:
                 except OSError:
                     pass
 
+    def arrive(self, what: str, number: int, poll: float = 0.05) -> None:
+        """Wait until every rank reached call ``number`` of ``what`` (through the store, no collective).
+
+        Raises ``RuntimeError`` naming the ranks that will not come: they went on to other collectives
+        (more issued than this rank), ended, or did not arrive within the process-group timeout.
+        """
+        self.store.set(f"arrive/{what}/{number}/{self.rank}", "1")
+        mine = self._seq()
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while True:
+            missing = [r for r in range(self.world_size)
+                       if not self.store.check([f"arrive/{what}/{number}/{r}"])]
+            if not missing:
+                return
+            moved_on = [r for r in missing if (self._heartbeat(r) or -1) > mine]
+            ended = [r for r in missing if self.store.check([f"exit/{r}"])]
+            if moved_on or ended or time.monotonic() > deadline:
+                self.store.delete_key(f"arrive/{what}/{number}/{self.rank}")  # this call did not happen
+                why = ("went on to other collectives instead" if moved_on else "ended" if ended
+                       else f"did not arrive within {self.timeout.total_seconds():g} s")
+                ranks = moved_on or ended or missing
+                raise RuntimeError(f"{what}() was called on rank {self.rank}, but rank"
+                                   f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} {why}")
+            time.sleep(poll)
+
     def _heartbeat(self, r: int) -> int | None:
         try:
             return int(self.store.get(f"seq/{r}")) if self.store.check([f"seq/{r}"]) else None
@@ -213,6 +239,7 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
     except (AttributeError, ValueError, RuntimeError):  # no SIGUSR1 (Windows) or not the main thread
         pass
     _active = Watchdog(pg, rank, world_size, host, port, prefix, timeout)
+    atexit.register(_mark_exit)
     previous = sys.excepthook
     if getattr(previous, "_overdrive_watchdog", False):
         return
@@ -227,6 +254,19 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
 
     hook._overdrive_watchdog = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def active() -> Watchdog | None:
+    """This process's watchdog, if its process group was created by overdrive."""
+    return _active
+
+
+def _mark_exit() -> None:
+    if _active is not None:
+        try:
+            _active.store.set(f"exit/{_active.rank}", "1")
+        except Exception:  # noqa: BLE001 - the store may be gone already
+            pass
 
 
 def stop() -> None:
