@@ -112,3 +112,61 @@ def test_total_limit_changed_later_fails_before_anything_is_written(tmp_path):
     first = accelerator.save_state()
     second = accelerator.save_state()  # the next save works and the limit applies
     assert not Path(first).exists() and Path(second).is_dir()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 4 MiB tmpfs (needs root); skipped where it cannot be mounted."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode(errors='replace').strip()})")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def _big_run():
+    accelerator = Accelerator()
+    model = torch.nn.Linear(512, 1024)  # 2 MiB of weights, 6 MiB with AdamW's two states
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(2, 512)).sum().backward()
+    optimizer.step()
+    return accelerator
+
+
+def test_disk_full_is_named_before_writing_with_where_and_how_much(tiny_disk):
+    accelerator = _big_run()
+    small = _accelerator()[0]
+    small.save_state(tiny_disk / "ckpt")  # a first checkpoint fits
+    with pytest.raises(CheckpointError) as caught:
+        accelerator.save_state(tiny_disk / "ckpt")
+    message = str(caught.value)
+    assert "the disk is full" in message and str(tiny_disk) in message
+    assert "needs about 7.0 MiB" in message and "MiB free" in message
+    assert sorted(p.name for p in tiny_disk.iterdir()) == ["ckpt"]  # the earlier one intact, no leftovers
+    small.load_state(tiny_disk / "ckpt")
+
+
+def test_disk_that_fills_during_the_write_is_named_too(tiny_disk, monkeypatch):
+    from overdrive.checkpoint import space
+
+    accelerator = _big_run()
+    monkeypatch.setattr(space, "free_bytes", lambda folder: 1 << 40)  # the check before writing is fooled
+    with pytest.raises(CheckpointError) as caught:
+        accelerator.save_state(tiny_disk / "ckpt")
+    message = str(caught.value)
+    assert "the disk is full" in message and str(tiny_disk) in message, message
+    assert "unexpected pos" not in message
+    assert list(tiny_disk.iterdir()) == []
+
+
+def test_disk_full_without_a_tmpfs(tmp_path, monkeypatch):
+    from overdrive.checkpoint import space
+
+    accelerator = _big_run()
+    monkeypatch.setattr(space, "free_bytes", lambda folder: 3 << 20)
+    with pytest.raises(CheckpointError, match=r"the disk is full: .* needs about 7\.0 MiB .* has 3\.0 MiB free"):
+        accelerator.save_state(tmp_path / "ckpt")
+    assert list(tmp_path.iterdir()) == []

@@ -112,13 +112,23 @@ def dcp_failure(error: CheckpointException) -> str:
     return str(error)
 
 
-def run_dcp(function: Callable[[], T]) -> T:
+def run_dcp(function: Callable[[], T], writes: tuple[Any, int] | None = None) -> T:
     """Run a DCP save or load, raising :class:`CheckpointError` (an ``Exception``) instead of DCP's
-    ``CheckpointException`` (a ``BaseException``, which ``except Exception`` does not catch)."""
+    ``CheckpointException`` (a ``BaseException``, which ``except Exception`` does not catch).
+
+    ``writes``: (folder, bytes needed) of a save, so that a full disk is reported as one."""
+    from overdrive.checkpoint.space import disk_full_message, is_disk_full
+
     try:
         with warnings.catch_warnings():
             # DCP warns that it "assumes the intent" whenever there is no process group: we meant it.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             return function()
     except CheckpointException as exc:
+        if writes is not None and is_disk_full(exc):
+            raise CheckpointError(disk_full_message(*writes)) from None
         raise CheckpointError(dcp_failure(exc)) from None
+    except OSError as exc:
+        if writes is not None and is_disk_full(exc):
+            raise CheckpointError(disk_full_message(*writes)) from None
+        raise

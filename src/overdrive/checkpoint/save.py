@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from overdrive.checkpoint import naming
+from overdrive.checkpoint import naming, space
 from overdrive.checkpoint.codec import encode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
@@ -61,7 +61,7 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
             "accelerator.sync_gradients is True) for an exact resume", stacklevel=3)
 
     temporary = naming.temporary_path(target, token)
-    leader = False
+    leader, needed = False, 0
     try:
         leader, replicate = _prepare_folder(accelerator, group, temporary, token)
         error, kept = None, []
@@ -83,10 +83,15 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
             except Exception as exc:  # noqa: BLE001 - reported on every rank
                 error = exc
             group.check(error, f"save_state({str(target)!r}): the engine could not save its state")
+        try:  # a full disk is found here, before the large writes
+            needed = space.check_space(temporary, flat)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank
+            error, needed = exc, 0
+        group.check(error, f"save_state({str(target)!r})")
         writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True, thread_count=1)
         metadata = run_dcp(lambda: dcp.save(flat, storage_writer=writer,
                                             planner=DefaultSavePlanner(flatten_state_dict=False),
-                                            no_dist=not group.active))
+                                            no_dist=not group.active), writes=(temporary, needed))
         everything = group.gather(_describe_own_files(group, temporary, metadata))
         group.run_on_main(lambda: _finish(accelerator, group, temporary, target, token, everything, summary),
                           f"save_state({str(target)!r}) could not publish the checkpoint")
@@ -95,6 +100,9 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     except BaseException as exc:
         if leader:
             shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, CheckpointError) and space.is_disk_full(exc):
+            raise CheckpointError(f"save_state({str(target)!r}): "
+                                  + space.disk_full_message(temporary.parent, needed)) from exc
         if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
             # typically a collective that failed because another process died mid-save
             raise CheckpointError(f"save_state({str(target)!r}) did not finish ({type(exc).__name__}: {exc}); "

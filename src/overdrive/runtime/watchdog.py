@@ -97,9 +97,13 @@ class Watchdog:
         self.pg, self.rank, self.world_size = pg, rank, world_size
         self.timeout = timeout
         self.interval = interval
-        client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10))
-        self.store = dist.PrefixStore(f"{prefix}/watchdog", client)
-        self.store.set(f"pid/{rank}", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        # One connection for the thread, one for the main thread (hang reports, arrivals): a store client is
+        # not meant to be shared by two threads at once.
+        self.store = dist.PrefixStore(f"{prefix}/watchdog", dist.TCPStore(
+            host, port, is_master=False, timeout=timedelta(seconds=10)))
+        self.main_store = dist.PrefixStore(f"{prefix}/watchdog", dist.TCPStore(
+            host, port, is_master=False, timeout=timedelta(seconds=10)))
+        self.main_store.set(f"pid/{rank}", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
         self._stop = threading.Event()
         self._answered = False
         self._thread = threading.Thread(target=self._loop, name="overdrive-watchdog", daemon=True)
@@ -119,26 +123,26 @@ class Watchdog:
             try:
                 self.store.set(f"seq/{self.rank}", str(self._seq()))
                 if not self._answered and self.store.check(["request"]):
-                    self.answer(skip=threading.get_ident())
+                    self.answer(self.store, skip=threading.get_ident())
             except Exception:  # noqa: BLE001 - the store (rank 0) is gone: the job is ending
                 return
 
-    def answer(self, skip: int | None = None, stack: str | None = None) -> dict[str, Any]:
+    def answer(self, store: Any, skip: int | None = None, stack: str | None = None) -> dict[str, Any]:
         self._answered = True
         reply = {"rank": self.rank, "seq": self._seq(), "last": _last_collective(), "pid": os.getpid(),
                  "host": socket.gethostname(), "stack": stack if stack is not None else _stacks(skip)}
-        self.store.set(f"answer/{self.rank}", json.dumps(reply))
+        store.set(f"answer/{self.rank}", json.dumps(reply))
         return reply
 
     # -- the rank that timed out ---------------------------------------------------------------------
     def diagnose(self, error: BaseException) -> dict[str, Any] | None:
         """Collect every rank's answer and print the report (on the first rank that timed out only)."""
-        if self.store.add("claim", 1) != 1:
+        if self.main_store.add("claim", 1) != 1:
             return None
-        own = self.answer(skip=threading.get_ident(),
+        own = self.answer(self.main_store, skip=threading.get_ident(),
                           stack="  thread MainThread (where the timeout was raised):\n"
                                 + _format(traceback.extract_tb(error.__traceback__)))
-        self.store.set("request", str(self.rank))
+        self.main_store.set("request", str(self.rank))
         answers = self._collect(own)
         report = self._report(own, answers)
         print(report["text"], file=sys.stderr, flush=True)
@@ -152,8 +156,8 @@ class Watchdog:
         signalled = False
         while len(answers) < self.world_size and time.monotonic() < deadline:
             for r in range(self.world_size):
-                if r not in answers and self.store.check([f"answer/{r}"]):
-                    answers[r] = json.loads(self.store.get(f"answer/{r}"))
+                if r not in answers and self.main_store.check([f"answer/{r}"]):
+                    answers[r] = json.loads(self.main_store.get(f"answer/{r}"))
             if not signalled and time.monotonic() > deadline - _ANSWER_WAIT_S / 2:
                 signalled = True
                 self._signal_silent(answers)
@@ -164,9 +168,9 @@ class Watchdog:
         """SIGUSR1 (a faulthandler stack dump) to the silent ranks of this machine."""
         here = socket.gethostname()
         for r in range(self.world_size):
-            if r in answers or not self.store.check([f"pid/{r}"]):
+            if r in answers or not self.main_store.check([f"pid/{r}"]):
                 continue
-            where = json.loads(self.store.get(f"pid/{r}"))
+            where = json.loads(self.main_store.get(f"pid/{r}"))
             if where["host"] == here:
                 try:
                     os.kill(int(where["pid"]), signal.SIGUSR1)
@@ -179,18 +183,23 @@ class Watchdog:
         Raises ``RuntimeError`` naming the ranks that will not come: they went on to other collectives
         (more issued than this rank), ended, or did not arrive within the process-group timeout.
         """
-        self.store.set(f"arrive/{what}/{number}/{self.rank}", "1")
+        self.main_store.set(f"arrive/{what}/{number}/{self.rank}", "1")
         mine = self._seq()
         deadline = time.monotonic() + self.timeout.total_seconds()
+        since: dict[int, float] = {}  # when each missing rank was first seen ahead of this one
         while True:
             missing = [r for r in range(self.world_size)
-                       if not self.store.check([f"arrive/{what}/{number}/{r}"])]
+                       if not self.main_store.check([f"arrive/{what}/{number}/{r}"])]
             if not missing:
                 return
-            moved_on = [r for r in missing if (self._heartbeat(r) or -1) > mine]
-            ended = [r for r in missing if self.store.check([f"exit/{r}"])]
-            if moved_on or ended or time.monotonic() > deadline:
-                self.store.delete_key(f"arrive/{what}/{number}/{self.rank}")  # this call did not happen
+            now = time.monotonic()
+            ahead = {r for r in missing if (self._heartbeat(r) or -1) > mine}
+            since = {r: since.get(r, now) for r in ahead}
+            # ahead for two heartbeats and still not here: it is in other collectives, not on its way
+            moved_on = [r for r in sorted(ahead) if now - since[r] > 2.5 * self.interval]
+            ended = [r for r in missing if self.main_store.check([f"exit/{r}"])]
+            if moved_on or ended or now > deadline:
+                self.main_store.delete_key(f"arrive/{what}/{number}/{self.rank}")  # this call did not happen
                 why = ("went on to other collectives instead" if moved_on else "ended" if ended
                        else f"did not arrive within {self.timeout.total_seconds():g} s")
                 ranks = moved_on or ended or missing
@@ -200,7 +209,7 @@ class Watchdog:
 
     def _heartbeat(self, r: int) -> int | None:
         try:
-            return int(self.store.get(f"seq/{r}")) if self.store.check([f"seq/{r}"]) else None
+            return int(self.main_store.get(f"seq/{r}")) if self.main_store.check([f"seq/{r}"]) else None
         except Exception:  # noqa: BLE001
             return None
 
@@ -264,7 +273,7 @@ def active() -> Watchdog | None:
 def _mark_exit() -> None:
     if _active is not None:
         try:
-            _active.store.set(f"exit/{_active.rank}", "1")
+            _active.main_store.set(f"exit/{_active.rank}", "1")
         except Exception:  # noqa: BLE001 - the store may be gone already
             pass
 
