@@ -23,6 +23,9 @@ import time
 import traceback
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_throughput import add_arguments  # noqa: E402  (the throughput table lives beside this script)
+
 VOCAB, DIM, HEADS, LAYERS = 256, 128, 8, 2
 
 
@@ -243,6 +246,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         print(f"\n{world} process(es) on {kind}; reference final loss {expected[-1]:.4f}; tolerance {args.tolerance}")
         print("| layout | result | max abs loss diff | final loss | peak memory MB | step ms |\n|---|---|---|---|---|---|")
         print("\n".join(rows), flush=True)
+    if not args.no_throughput:
+        from gpu_throughput import throughput_table
+
+        failed |= not throughput_table(world, rank, args)
     if failed:
         raise SystemExit(1)
 
@@ -255,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--tolerance", type=float, default=None)
+    parser.add_argument("--no-throughput", action="store_true", help="skip the ~1B-parameter throughput table")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     import torch
     import torch.multiprocessing as mp
