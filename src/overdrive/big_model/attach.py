@@ -81,7 +81,11 @@ def attach_align_device_hook_on_blocks(module: nn.Module, execution_device: Any 
                                                         skip_keys=skip_keys, place_submodules=True,
                                                         tied_params_map=tied_params_map))
         return
-    devices = execution_device if isinstance(execution_device, Mapping) else dict.fromkeys(offload, execution_device)
+    if isinstance(execution_device, Mapping):
+        devices: Mapping[str, Any] = execution_device
+    else:  # then offload is the mapping (one of the two is, past the first branch)
+        assert isinstance(offload, Mapping)
+        devices = dict.fromkeys(offload, execution_device)
     offloads = offload if isinstance(offload, Mapping) else dict.fromkeys(devices, offload)
     common = {"skip_keys": skip_keys, "tied_params_map": tied_params_map}
     if module_name in devices and module_name in offloads and not offloads[module_name]:

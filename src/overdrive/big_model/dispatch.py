@@ -164,7 +164,7 @@ def dispatch_model(model: nn.Module, device_map: Mapping[str, Any], main_device:
             raise ValueError("the device_map puts the whole model on 'disk'; use disk_offload(model, folder) "
                              "to run a model entirely from disk")
         model.to(resolve_device(device))
-    model.hf_device_map = dict(device_map)
+    setattr(model, "hf_device_map", dict(device_map))  # noqa: B010 - a plain attribute, as transformers reads it
     return model
 
 

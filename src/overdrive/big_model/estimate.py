@@ -52,7 +52,7 @@ def _transformers_model(source: str, trust_remote_code: bool) -> nn.Module:
 
 def _timm_model(source: str) -> nn.Module:
     try:
-        import timm
+        import timm  # pyright: ignore[reportMissingImports]
     except ImportError:
         raise ImportError(f"estimating {source!r} with --library_name timm needs timm: pip install timm") from None
     config_file = os.path.join(source, "config.json") if os.path.isdir(source) else source

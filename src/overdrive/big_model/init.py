@@ -55,7 +55,8 @@ def init_on_device(device: torch.device | str | int, include_buffers: bool | Non
         # keep the parameter's own class and attributes (quantized and custom Parameter subclasses)
         extra = dict(registered.__dict__)
         moved = type(registered)(registered.to(device), requires_grad=registered.requires_grad)
-        moved.__dict__.update(extra)
+        for key, value in extra.items():
+            setattr(moved, key, value)
         module._parameters[name] = moved
 
     nn.Module.register_parameter = register_on_device  # type: ignore[method-assign]

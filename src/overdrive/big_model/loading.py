@@ -225,10 +225,11 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     if isinstance(device_map, str):
         if device_map not in _AUTO_MAPS:
             raise ValueError(f"device_map {device_map!r} is not a map nor one of {list(_AUTO_MAPS)}")
+        budget: dict[Any, Any] | None = max_memory
         if device_map != "sequential":
-            max_memory = get_balanced_memory(model, max_memory, no_split_module_classes, dtype=dtype,
-                                             low_zero=device_map == "balanced_low_0")
-        device_map = infer_auto_device_map(model, max_memory, no_split_module_classes, dtype=dtype,
+            budget = get_balanced_memory(model, max_memory, no_split_module_classes, dtype=dtype,
+                                         low_zero=device_map == "balanced_low_0")
+        device_map = infer_auto_device_map(model, budget, no_split_module_classes, dtype=dtype,
                                            offload_buffers=offload_buffers)
     # Accelerate stages the CPU part on disk by default when some of it goes to disk, to keep one shard
     # plus the model in memory; loading tensor by tensor already does that, so staging is opt-in here.

@@ -260,10 +260,11 @@ def fallback_allocate(modules: list[tuple[str, Any]], module_sizes: Mapping[str,
         if get_module_size_with_ties(tied, module_sizes[name], module_sizes, pending)[0] <= limit:
             found = name
             break
-        children = [] if isinstance(module, torch.Tensor) else list(module.named_children())
-        if children and type(module).__name__ not in classes:
-            items = list(module.named_parameters(recurse=False)) + children
-            pending = [(f"{name}.{child}", sub) for child, sub in items] + pending
+        if isinstance(module, nn.Module) and type(module).__name__ not in classes:
+            children = list(module.named_children())
+            if children:
+                items = list(module.named_parameters(recurse=False)) + children
+                pending = [(f"{name}.{child}", sub) for child, sub in items] + pending
     if found is None:
         return None, None, modules
     rest = list(modules)
@@ -271,7 +272,7 @@ def fallback_allocate(modules: list[tuple[str, Any]], module_sizes: Mapping[str,
         names = [n for n, _ in rest]
         if char == "." and found[:index] in names:
             at = names.index(found[:index])
-            parent = rest[at][1]
+            parent: nn.Module = rest[at][1]
             items = list(parent.named_parameters(recurse=False)) + list(parent.named_children())
             rest[at:at + 1] = [(f"{found[:index]}.{child}", sub) for child, sub in items]
     at = [n for n, _ in rest].index(found)

@@ -105,7 +105,7 @@ class SafetensorsFile:
             out = torch.empty(entry.shape, dtype=entry.dtype)
         if entry.nbytes == 0:
             return out
-        view = memoryview(out.view(-1).view(torch.uint8).numpy()).cast("B")
+        view = out.view(-1).view(torch.uint8).numpy().data.cast("B")
         with open(self.path, "rb", buffering=0) as file:
             file.seek(entry.start)
             done = 0

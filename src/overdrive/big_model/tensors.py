@@ -81,7 +81,7 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: tor
         raise ValueError(f"{tensor_name!r} is None in {type(owner).__name__}; there is nothing to move")
     reused = _tied_copy(tied_params_map, (value, old), device)
     if reused is not None and not is_buffer:
-        owner._parameters[leaf] = reused
+        owner._parameters[leaf] = reused  # type: ignore[assignment]  # a Parameter made by this function
         return
     target = torch.device("meta") if str(device) == "meta" else resolve_device(device)
     if old.device.type == "meta" and target.type != "meta" and value is None:
@@ -103,9 +103,11 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: tor
         owner._buffers[leaf] = new
     elif new is not old:
         param = type(old)(new, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else new
-        if isinstance(old, nn.Parameter):
-            param.__dict__.update({k: v for k, v in old.__dict__.items() if k not in param.__dict__})
-        owner._parameters[leaf] = param
+        if isinstance(old, nn.Parameter):  # keep attributes set on the parameter (quantization state...)
+            for key, item in vars(old).items():
+                if not hasattr(param, key):
+                    setattr(param, key, item)
+        owner._parameters[leaf] = param  # type: ignore[assignment]  # a Parameter unless it was a plain tensor
         new = param
     _remember_tied(tied_params_map, (old, value), device, new)
 
