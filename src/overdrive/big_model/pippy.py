@@ -139,7 +139,11 @@ def prepare_pippy(model: nn.Module, split_points: str | list[str] | None = "auto
     from overdrive.runtime.mesh import ParallelDims, ParallelMesh
     from overdrive.state import PartialState
     from overdrive.transforms.pipeline import apply_pipeline
-    from overdrive.transforms.pipeline_schedule import PipelineSettings
+
+    try:  # the pipeline transform is becoming a package (transforms/pipeline/); either layout works
+        from overdrive.transforms.pipeline.schedule import PipelineSettings
+    except ImportError:
+        from overdrive.transforms.pipeline_schedule import PipelineSettings  # type: ignore[no-redef]
 
     state = PartialState()
     world, rank, device = state.num_processes, state.process_index, state.device
