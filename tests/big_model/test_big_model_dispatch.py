@@ -320,3 +320,19 @@ def test_offload_buffers_preload_and_in_place_loading(saved: tuple) -> None:
     assert before == {name: id(p) for name, p in target.named_parameters()}
     with torch.no_grad():
         assert torch.equal(target(TOKENS).logits, logits)
+
+
+class _RunsCode:
+    def __reduce__(self):  # noqa: ANN204 - a pickle that would call print() when loaded
+        return (print, ("this must never run",))
+
+
+def test_bin_shards_never_unpickle_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch.save({"weight": _RunsCode(), "bias": torch.zeros(4)}, tmp_path / "pytorch_model.bin")
+    layer = torch.nn.Linear(4, 4)
+    with pytest.raises(CheckpointError, match="could run code"):
+        load_checkpoint_in_model(layer, tmp_path)
+    assert "must never run" not in capsys.readouterr().out
+    (tmp_path / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(CheckpointError, match="probably truncated or corrupt"):
+        load_checkpoint_in_model(layer, tmp_path)

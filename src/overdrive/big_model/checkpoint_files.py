@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -146,6 +147,10 @@ def open_checkpoint(checkpoint: str | os.PathLike[str]) -> Checkpoint:
             result.shards.append(_open_shard(path))
         except (SafetensorsError, CheckpointError) as err:
             problems.append(str(err))
+        except pickle.UnpicklingError:
+            problems.append(f"{path} holds Python objects other than tensors; it is refused because unpickling "
+                            "them could run code from the file (load it only if you trust it, and re-save the "
+                            "tensors as safetensors)")
         except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as err:
             problems.append(f"{path} cannot be read as a PyTorch weights file ({type(err).__name__}: {err}); "
                             "it is probably truncated or corrupt")
