@@ -336,3 +336,12 @@ def test_bin_shards_never_unpickle_code(tmp_path: Path, capsys: pytest.CaptureFi
     (tmp_path / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(CheckpointError, match="probably truncated or corrupt"):
         load_checkpoint_in_model(layer, tmp_path)
+
+
+def test_offloaded_weights_are_released_when_forward_raises() -> None:
+    model = cpu_offload(Toy(tie=False), "cpu")
+    with pytest.raises(IndexError):
+        model(torch.tensor([[99]]))  # out of the embedding's range: raises inside the embedding's forward
+    assert model.embed.weight.device.type == "meta"  # the hook still put the weight back
+    assert torch.is_grad_enabled()
+    assert model(torch.tensor([[1]])).shape == (1, 1, 20)
