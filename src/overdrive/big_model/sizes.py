@@ -65,13 +65,14 @@ def dtype_byte_size(dtype: torch.dtype | str) -> float:
     return int(match.group(1)) / 8
 
 
-def get_non_persistent_buffers(module: nn.Module, recurse: bool = False) -> set[str]:
-    """Names of the buffers of ``module`` that are not saved in its state dict."""
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the buffers of ``module`` that are not saved in its state dict; with ``recurse``, those of
+    its submodules too, as dotted names when ``fqns`` (Accelerate's default gives their bare names)."""
     names = set(module._non_persistent_buffers_set)
     if recurse:
         for prefix, child in module.named_modules():
             if prefix:
-                names |= {f"{prefix}.{name}" for name in child._non_persistent_buffers_set}
+                names |= {f"{prefix}.{name}" if fqns else name for name in child._non_persistent_buffers_set}
     return names
 
 
@@ -80,7 +81,7 @@ def named_module_tensors(module: nn.Module, include_buffers: bool = True, recurs
     """The parameters (then, with ``include_buffers``, the buffers) of ``module`` with their names."""
     yield from module.named_parameters(recurse=recurse)
     if include_buffers:
-        skip = get_non_persistent_buffers(module, recurse=recurse) if remove_non_persistent else set()
+        skip = get_non_persistent_buffers(module, recurse=recurse, fqns=True) if remove_non_persistent else set()
         for name, buffer in module.named_buffers(recurse=recurse):
             if name not in skip:
                 yield name, buffer
@@ -155,7 +156,7 @@ def get_max_layer_size(modules: list[tuple[str, Any]], module_sizes: Mapping[str
     return biggest, names
 
 
-def find_tied_parameters(model: nn.Module, **_: Any) -> list[list[str]]:
+def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
     """Groups of parameter names that share one tensor, each group sorted: ``[["head.weight", "embed.weight"]]``."""
     groups: dict[int, list[str]] = defaultdict(list)
     for name, param in model.named_parameters(remove_duplicate=False):
