@@ -20,6 +20,7 @@ from overdrive.checkpoint import naming
 from overdrive.checkpoint.codec import REF, decode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
+from overdrive.checkpoint.rollback import Pieces, Snapshot
 from overdrive.checkpoint.save import STATE_FILE, engine_of, rank_file
 from overdrive.checkpoint.state import (
     GROUPS,
@@ -91,23 +92,53 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
         plan.raise_problems()
         loader_states = [loader_state_for(decode(record), loader, i)
                          for i, (record, loader) in enumerate(zip(state["dataloaders"], accelerator._dataloaders))]
+        # Everything is decoded before anything changes: a value refused here (a set without allow_pickle,
+        # a damaged record) leaves the run as it was. Tensors referred to are filled by the reads below.
+        decoded = plan.decode_objects(accelerator, state, ranked, allow_pickle)
     except Exception as exc:  # noqa: BLE001 - reported on every rank
         error = exc
     group.check(error, f"load_state({str(folder)!r})")
     plan.raise_unexpected(group)
-    run_dcp(lambda: dcp.load(plan.targets, storage_reader=reader, planner=SafeLoadPlanner(allow_pickle),
-                             no_dist=not group.active))
 
+    # From here on, a failure on any rank puts back what was changed (the snapshot); the model and optimizer
+    # tensors are read in place last, once everything else is in.
+    snapshot = Snapshot(Pieces(accelerator))
+    planner = lambda: SafeLoadPlanner(allow_pickle)  # noqa: E731 - one planner per read
+    objects, tensors = plan.split_targets()
+    if objects:  # the same on every rank (state.json is rank 0's)
+        run_dcp(lambda: dcp.load(objects, storage_reader=reader, planner=planner(), no_dist=not group.active))
+    error = None
+    try:
+        plan.apply_objects(accelerator, decoded)
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        error = exc
+    _check_or_restore(group, error, snapshot, f"load_state({str(folder)!r}) could not restore the training state",
+                      process_state=False)
+    try:
+        run_dcp(lambda: dcp.load(tensors, storage_reader=reader, planner=planner(), no_dist=not group.active))
+    except BaseException:
+        snapshot.restore(process_state=False)
+        raise
     error = None
     try:
         if engine is not None:
             engine.load(folder, list(accelerator._models), allow_pickle=allow_pickle)
-        plan.apply(accelerator, state, allow_pickle)
-        _restore_process_state(accelerator, state, ranked, loader_states, manifest, group, allow_pickle)
+        plan.apply_tensors(accelerator, state)
+        _restore_process_state(accelerator, state, decoded, loader_states, manifest, group)
     except Exception as exc:  # noqa: BLE001 - reported on every rank
         error = exc
-    group.check(error, f"load_state({str(folder)!r}) could not restore the training state")
+    _check_or_restore(group, error, snapshot, f"load_state({str(folder)!r}) could not restore the training state")
     return str(folder)
+
+
+def _check_or_restore(group: Group, error: BaseException | None, snapshot: Snapshot, what: str,
+                      process_state: bool = True) -> None:
+    """``group.check``, putting the snapshot back first on every rank when any rank failed."""
+    try:
+        group.check(error, what)
+    except BaseException:
+        snapshot.restore(process_state)
+        raise
 
 
 def _find(project: Any, input_dir: str | os.PathLike | None) -> Path:
@@ -117,9 +148,17 @@ def _find(project: Any, input_dir: str | os.PathLike | None) -> Path:
                              "True) names the checkpoints (then it loads the newest complete one)")
         return naming.newest_checkpoint(project)
     folder = Path(input_dir)
+    if folder.is_file():
+        raise CheckpointError(f"load_state({str(folder)!r}): that path is a file, not a checkpoint folder; give the "
+                              f"folder save_state() wrote (it holds manifest.json){_sibling_hint(folder)}")
     if not folder.exists():
         raise CheckpointError(f"checkpoint folder {folder} does not exist{naming.explain_missing(folder)}")
     return folder
+
+
+def _sibling_hint(path: Path) -> str:
+    parent = path.parent
+    return f", e.g. {parent}" if (parent / "manifest.json").is_file() else ""
 
 
 def _count_problems(accelerator: Any, state: dict[str, Any]) -> list[str]:
@@ -227,8 +266,42 @@ class _Plan:
         if self.problems:
             raise CheckpointError(f"{self.folder} does not fit this run:\n  " + "\n  ".join(self.problems))
 
-    def apply(self, accelerator: Any, state: dict[str, Any], allow_pickle: bool) -> None:
-        """Hand the loaded values to the models, optimizers, schedulers, scaler and registered objects."""
+    def split_targets(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(fresh tensors of schedulers and registered objects, the model and optimizer targets)."""
+        objects = {k: v for k, v in self.targets.items() if k.startswith(("scheduler_", "custom_"))}
+        return objects, {k: v for k, v in self.targets.items() if k not in objects}
+
+    def decode_objects(self, accelerator: Any, state: dict[str, Any], ranked: dict[str, Any] | None,
+                       allow_pickle: bool) -> dict[str, Any]:
+        """Every value of state.json / rank_<r>.json, decoded; tensors are the targets the reads fill."""
+        source = self.targets.__getitem__
+        schedulers = [None if state["schedulers"][i] is None
+                      else decode(state["schedulers"][i], source, allow_pickle, f"scheduler_{i}")
+                      for i in range(len(accelerator._schedulers))]
+        custom = [decode(state["custom_objects"][i], source, allow_pickle, f"custom_{i}")
+                  for i in range(len(accelerator._custom_objects))]
+        scaler = decode(state["scaler"]) if state.get("scaler") is not None else None
+        generators = [None if g is None else decode(g) for g in (ranked or {}).get("loader_generators", [])]
+        rng = decode(ranked["rng"], allow_pickle=allow_pickle) if ranked is not None else None
+        return {"schedulers": schedulers, "custom": custom, "scaler": scaler, "generators": generators, "rng": rng,
+                "has_scaler": state.get("scaler") is not None}
+
+    def apply_objects(self, accelerator: Any, decoded: dict[str, Any]) -> None:
+        """Hand the decoded values to the schedulers, registered objects and the loss scaler."""
+        for scheduler, value in zip(accelerator._schedulers, decoded["schedulers"]):
+            if value is not None:  # None: restored by the strategy's engine
+                scheduler.load_state_dict(value)
+        for obj, value in zip(accelerator._custom_objects, decoded["custom"]):
+            obj.load_state_dict(value)
+        if decoded["has_scaler"]:
+            if accelerator.scaler is None:
+                warnings.warn("the checkpoint holds fp16 loss-scaler state but this run has no scaler "
+                              "(mixed_precision changed?); it is not restored", stacklevel=4)
+            else:
+                accelerator.scaler.load_state_dict(decoded["scaler"])
+
+    def apply_tensors(self, accelerator: Any, state: dict[str, Any]) -> None:
+        """Hand the loaded values to the models and optimizers."""
         for i in state["models"]:
             prefix = f"model_{i}."
             values = {k[len(prefix):]: v for k, v in self.targets.items() if k.startswith(prefix)}
@@ -245,19 +318,6 @@ class _Plan:
             prefix = f"optimizer_{j}."
             values = {k[len(prefix):]: v for k, v in self.targets.items() if k.startswith(prefix)}
             OptimizerState(inner, optimizer_owner(inner, accelerator._models)).load_state_dict(values, self.groups[j])
-        source = self.targets.__getitem__
-        for i, scheduler in enumerate(accelerator._schedulers):
-            if state["schedulers"][i] is None:
-                continue  # restored by the strategy's engine
-            scheduler.load_state_dict(decode(state["schedulers"][i], source, allow_pickle, f"scheduler_{i}"))
-        for i, obj in enumerate(accelerator._custom_objects):
-            obj.load_state_dict(decode(state["custom_objects"][i], source, allow_pickle, f"custom_{i}"))
-        if state.get("scaler") is not None:
-            if accelerator.scaler is None:
-                warnings.warn("the checkpoint holds fp16 loss-scaler state but this run has no scaler "
-                              "(mixed_precision changed?); it is not restored", stacklevel=4)
-            else:
-                accelerator.scaler.load_state_dict(decode(state["scaler"]))
 
 
 def _names(keys: list[str], limit: int = 8) -> str:
@@ -276,9 +336,8 @@ def _references(encoded: Any) -> list[str]:
     return []
 
 
-def _restore_process_state(accelerator: Any, state: dict[str, Any], ranked: dict[str, Any] | None,
-                           loader_states: list[dict[str, Any]], manifest: dict[str, Any], group: Group,
-                           allow_pickle: bool) -> None:
+def _restore_process_state(accelerator: Any, state: dict[str, Any], decoded: dict[str, Any],
+                           loader_states: list[dict[str, Any]], manifest: dict[str, Any], group: Group) -> None:
     """Counters, data-loader positions and, last, this rank's RNG states."""
     counters = state["counters"]
     accelerator.step = int(counters["step"])
@@ -286,15 +345,15 @@ def _restore_process_state(accelerator: Any, state: dict[str, Any], ranked: dict
     accelerator._window_size = int(counters["window_size"])
     accelerator._loss_divisor = int(counters["loss_divisor"])
     accelerator.project_configuration.iteration = int(counters["iteration"])
-    generators = ranked.get("loader_generators", []) if ranked else []
+    generators = decoded["generators"]
     for i, (loader, loader_state) in enumerate(zip(accelerator._dataloaders, loader_states)):
         loader.load_state_dict(loader_state)
         generator = getattr(loader, "generator", None)
         if generator is not None and i < len(generators) and generators[i] is not None:
-            generator.set_state(decode(generators[i]))
+            generator.set_state(generators[i])
     saved_world = int(manifest["world_size"])
-    if ranked is not None:
-        restore_rng(decode(ranked["rng"], allow_pickle=allow_pickle), accelerator.device)
+    if decoded["rng"] is not None:
+        restore_rng(decoded["rng"], accelerator.device)
     elif group.rank == saved_world:  # the first rank without a saved state speaks for all of them
         ranks = (f"rank {saved_world} has" if group.size - saved_world == 1
                  else f"ranks {saved_world}-{group.size - 1} have")

@@ -47,6 +47,11 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     del safe_serialization  # checkpoints are always DCP files + JSON, read back without unpickling
     if unexpected:
         raise TypeError(f"save_state() got unexpected arguments {sorted(unexpected)}")
+    if not any((accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders,
+                accelerator._custom_objects)):
+        raise CheckpointError("save_state(): nothing to save: no model, optimizer, scheduler or data loader was "
+                              "prepared and no object registered; call accelerator.prepare(...) (or "
+                              "register_for_checkpointing) first. Nothing was written")
     group = Group()
     group.arrive("save_state")  # before any collective
     project = accelerator.project_configuration
