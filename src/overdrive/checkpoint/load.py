@@ -105,7 +105,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
     snapshot = Snapshot(Pieces(accelerator))
     planner = lambda: SafeLoadPlanner(allow_pickle)  # noqa: E731 - one planner per read
     objects, tensors = plan.split_targets()
-    if objects:  # the same on every rank (state.json is rank 0's)
+    if objects:  # the same on every rank (state.json is rank 0's); only tensors, filled in place
         run_dcp(lambda: dcp.load(objects, storage_reader=reader, planner=planner(), no_dist=not group.active))
     error = None
     try:
@@ -116,6 +116,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
                       process_state=False)
     try:
         run_dcp(lambda: dcp.load(tensors, storage_reader=reader, planner=planner(), no_dist=not group.active))
+        plan.targets.update(tensors)  # values that are not tensors were replaced in that dict, not filled in
     except BaseException:
         snapshot.restore(process_state=False)
         raise
