@@ -3,6 +3,7 @@
     .venv/bin/python bench/step_overhead.py            # full run, ~3-5 min on 2 CPU cores
     .venv/bin/python bench/step_overhead.py --quick    # ~1 min, noisier
     .venv/bin/python bench/step_overhead.py --steps 50 --rounds 8 --workloads mlp --procs 2
+    .venv/bin/python bench/step_overhead.py --compile --workloads transformer   # torch.compile, target x1.01
 
 Two workloads (a tiny MLP, where framework overhead dominates, and a small transformer encoder) in two
 settings (1 process; 2 processes of data parallel over gloo on 127.0.0.1). Every process uses one
@@ -76,9 +77,11 @@ def make_data(workload: str, num_samples: int) -> TensorDataset:
 
 
 # Each builder returns (run_epoch, raw_model); run_epoch() runs one epoch and returns (steps, last batch size).
-def build_plain(workload, data, batch, world, rank):
+def build_plain(workload, data, batch, world, rank, compiled=False):
     model = fresh_model(workload)
-    trained = DistributedDataParallel(model) if world > 1 else model
+    # with --compile: what overdrive's prepare does with dynamo_backend="inductor", by hand
+    trained = torch.compile(model) if compiled else model
+    trained = DistributedDataParallel(trained) if world > 1 else trained
     optimizer = torch.optim.AdamW(trained.parameters(), lr=LR)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0) if world > 1 else None
     loader = DataLoader(data, batch_size=batch, shuffle=sampler is None, sampler=sampler)
@@ -120,16 +123,17 @@ def _build_accelerator_loop(accelerator, workload, data, batch):
     return run_epoch, model
 
 
-def build_overdrive(workload, data, batch, world, rank):
+def build_overdrive(workload, data, batch, world, rank, compiled=False):
     from overdrive import Accelerator
     from overdrive.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state()  # a previous workload's Accelerator in this process
     GradientState._reset_state()
-    return _build_accelerator_loop(Accelerator(cpu=True), workload, data, batch)
+    accelerator = Accelerator(cpu=True, dynamo_backend="inductor" if compiled else None)
+    return _build_accelerator_loop(accelerator, workload, data, batch)
 
 
-def build_accelerate(workload, data, batch, world, rank):
+def build_accelerate(workload, data, batch, world, rank, compiled=False):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -140,7 +144,7 @@ def build_accelerate(workload, data, batch, world, rank):
     return _build_accelerator_loop(Accelerator(cpu=True), workload, data, batch)
 
 
-def build_fabric(workload, data, batch, world, rank):
+def build_fabric(workload, data, batch, world, rank, compiled=False):
     from lightning.fabric import Fabric
 
     logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
@@ -191,7 +195,8 @@ def run_workload(workload: str, cfg: dict, world: int, rank: int) -> dict:
     runners, models, errors = {}, {}, {}
     for name in cfg["contenders"]:
         try:
-            runners[name], models[name] = BUILDERS[name](workload, data, batch, world, rank)
+            extra = {"compiled": True} if cfg.get("compile") else {}
+            runners[name], models[name] = BUILDERS[name](workload, data, batch, world, rank, **extra)
         except Exception as exc:  # a contender that is not installed or not finished yet
             errors[name] = f"{type(exc).__name__}: {exc}"[:300]
     names = _agree(list(runners), world)
@@ -319,12 +324,16 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(DEFAULTS), choices=list(DEFAULTS))
     parser.add_argument("--procs", nargs="+", type=int, default=[1, 2], choices=[1, 2])
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
-    parser.add_argument("--out", help="JSON path (default bench/results/step_overhead[_quick].json)")
+    parser.add_argument("--out", help="JSON path (default bench/results/step_overhead[_compile][_quick].json)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile (inductor): plain compiles by hand, overdrive with dynamo_backend")
     args = parser.parse_args()
+    if args.compile and set(args.contenders) - {"plain", "overdrive"}:
+        args.contenders = ["plain", "overdrive"]  # Accelerate and Fabric compile in their own ways
     contenders = ["plain"] + [c for c in args.contenders if c != "plain"]  # plain is the reference
     plan = {w: (d[0], args.steps or d[1], args.rounds or d[2]) for w in args.workloads
             for d in [DEFAULTS[w][1 if args.quick else 0]]}
-    cfg = {"plan": plan, "workloads": args.workloads, "contenders": contenders}
+    cfg = {"plan": plan, "workloads": args.workloads, "contenders": contenders, "compile": args.compile}
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the workers; stops Fabric/Accelerate from raising it
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
     rows, raw = [], {}
@@ -344,7 +353,8 @@ def main() -> None:
     versions["overdrive_source"] = f"{commit or 'unknown'}{' + uncommitted changes in src/' if dirty else ''}"
     meta = {"date": started.isoformat(timespec="seconds"), "cpu_count": os.cpu_count(), "machine": platform.machine(),
             "threads_per_process": 1, "versions": versions, "config": cfg, "load_avg_start_end": [load0, os.getloadavg()]}
-    out = Path(args.out or Path(__file__).parent / "results" / f"step_overhead{'_quick' if args.quick else ''}.json")
+    name = f"step_overhead{'_compile' if args.compile else ''}{'_quick' if args.quick else ''}.json"
+    out = Path(args.out or Path(__file__).parent / "results" / name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows, "markdown": md, "raw": raw}, indent=1))
     print(f"\nwritten to {out}", file=sys.stderr)

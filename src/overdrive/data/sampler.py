@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -157,7 +157,29 @@ class BatchSamplerShard(Sampler[list[int]]):
             # between them and the DataLoader (this runs once per batch of every one-process loop).
             batches = iter(self.batch_sampler)
             return itertools.islice(batches, self.skip_batches, None) if self.skip_batches else batches
+        if not self.split_batches and _plain_batches(self.batch_sampler):
+            return iter(self._own_batches_at_once())
         return self._own_batches()
+
+    def _own_batches_at_once(self) -> list[list[int]]:
+        """This process's batches of the epoch, cut from the epoch's index order in one go (C-level slices):
+        the same batches as ``_own_batches``, without walking the other processes' batches one by one."""
+        n, size, me = self.num_processes, self.batch_size, self.process_index
+        assert size is not None  # a torch BatchSampler has one
+        order = list(self.batch_sampler.sampler)
+        whole = len(order) // (size * n) * size * n  # the samples of the complete rounds
+        mine = [order[start:start + size] for start in range(me * size, whole, size * n)]
+        rest = order[whole:]
+        if rest:
+            group = [rest[i:i + size] for i in range(0, len(rest), size)]
+            if self.drop_last and len(group[-1]) < size:
+                group.pop()  # the batch sampler drops its short last batch
+            if group:
+                first = [order[i:i + size] for i in range(0, min(n * size, len(order)), size)]
+                for parts in self._last_whole_round(group, first):
+                    if parts[me] is not None:
+                        mine.append(parts[me])
+        return mine[self.skip_batches:]
 
     def _own_batches(self) -> Iterator[list[int]]:
         skip = self.skip_batches
@@ -218,6 +240,13 @@ class BatchSamplerShard(Sampler[list[int]]):
                 if self.even_batches:
                     batch = batch + _wrap(first, size - len(batch))
             yield [batch[p * per:(p + 1) * per] or None for p in range(n)]
+
+
+def _plain_batches(batch_sampler: Any) -> bool:
+    """Whether ``batch_sampler`` is torch's own BatchSampler over a finite sampler of torch's or ours, whose
+    whole epoch can be listed up front."""
+    return type(batch_sampler) is BatchSampler and type(batch_sampler.sampler) in (
+        RandomSampler, SequentialSampler, SeedableRandomSampler)
 
 
 def _wrap(pool: list[Any], count: int) -> list[Any]:
