@@ -126,3 +126,26 @@ def test_write_basic_config_then_load_it(tmp_path):
     assert config.mixed_precision == "bf16" and config.compute_environment == "LOCAL_MACHINE"
     with pytest.raises(ValueError, match="fp7"):
         write_basic_config("fp7", save_location=str(tmp_path / "other.yaml"))
+
+
+def test_deepspeed_plugin_hf_ds_config_has_the_shape_transformers_uses():
+    from overdrive.config import DeepSpeedPlugin
+    from overdrive.utils import HfDeepSpeedConfig
+
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+                                           "train_micro_batch_size_per_gpu": "auto"})
+    assert isinstance(plugin.hf_ds_config, HfDeepSpeedConfig)
+    assert plugin.hf_ds_config.config is plugin.deepspeed_config
+    assert plugin.hf_ds_config.is_zero3() and plugin.hf_ds_config.is_offload()
+    assert plugin.hf_ds_config.get_value("zero_optimization.stage") == 3
+
+    class TrainerConfig(HfDeepSpeedConfig):  # transformers' HfTrainerDeepSpeedConfig is such a subclass
+        def dtype(self):
+            return "bf16"
+
+    given = TrainerConfig({"zero_optimization": {"stage": 2}})
+    plugin = DeepSpeedPlugin(hf_ds_config=given)
+    assert plugin.hf_ds_config is given and plugin.deepspeed_config is given.config
+    given.config["gradient_clipping"] = 0.5  # what transformers fills in later is the plugin's config too
+    assert plugin.get_value("gradient_clipping") == 0.5
+    assert DeepSpeedPlugin(zero_stage=2).hf_ds_config.is_zero2()

@@ -114,7 +114,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     "overdrive.utils.deepspeed": {
         **_names("overdrive.deepspeed.objects", "DummyOptim DummyScheduler DeepSpeedOptimizerWrapper "
                                                 "DeepSpeedSchedulerWrapper get_active_deepspeed_plugin"),
-        **_names("overdrive.compat.deepspeed_config", "HfDeepSpeedConfig"),
+        **_names("overdrive.config.hf_deepspeed", "HfDeepSpeedConfig"),
         **_names(_REF, "DeepSpeedEngineWrapper map_pytorch_optim_to_deepspeed"),
     },
     "overdrive.utils.fsdp_utils": {

@@ -64,8 +64,18 @@ class DeepSpeedPlugin:
     selected: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        from overdrive.config.hf_deepspeed import HfDeepSpeedConfig
+
         config, self.config_source = read_config(self.hf_ds_config)
         self.deepspeed_config = config if config is not None else config_from_fields(self)
+        if isinstance(getattr(self.hf_ds_config, "config", None), dict):
+            # one dict, as in Accelerate: what transformers' HfTrainerDeepSpeedConfig fills in later is seen here
+            self.hf_ds_config.config.clear()
+            self.hf_ds_config.config.update(self.deepspeed_config)
+            self.deepspeed_config = self.hf_ds_config.config
+        else:  # Accelerate's shape: hf_ds_config is an HfDeepSpeedConfig over the plugin's config
+            self.hf_ds_config = HfDeepSpeedConfig(self.deepspeed_config)
+            self.hf_ds_config.config = self.deepspeed_config
         self._conflicts = apply_fields(self, self.deepspeed_config, self.config_source)
 
     def problems(self) -> list[str]:
