@@ -44,3 +44,18 @@ def test_prepare_pippy_matches_one_process() -> None:
     for result in results:
         if "llama" in result:
             assert torch.allclose(result["llama"], result["llama_expected"], atol=1e-6)
+
+
+def test_prepare_pippy_with_one_process_runs_the_whole_model() -> None:
+    from overdrive.inference import prepare_pippy
+    from overdrive.state import PartialState
+
+    model = Toy(tie=False)
+    x = torch.randint(0, 20, (3, 4))
+    with torch.no_grad():
+        expected = model(x)
+    try:
+        split = prepare_pippy(model)
+        assert split.hf_split_points == [] and torch.equal(split(x), expected)
+    finally:
+        PartialState._reset_state()

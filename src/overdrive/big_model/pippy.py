@@ -34,15 +34,20 @@ class PippyModel(nn.Module):
     def __init__(self, model: nn.Module, pipelined: Any, num_chunks: int, gather_output: bool, last_rank: int,
                  group: Any) -> None:
         super().__init__()
-        self.pipelined = pipelined
+        self.pipelined = pipelined  # None with one process: the model runs whole
         self.num_chunks, self.gather_output, self.last_rank, self.group = num_chunks, gather_output, last_rank, group
-        layout = pipelined.settings.layout
+        layout = pipelined.settings.layout if pipelined is not None else None
         #: the first block of every stage after the first (Accelerate's attribute)
-        self.hf_split_points = [layout.block_names[start] for start, _ in layout.bounds[1:]]
+        self.hf_split_points = [layout.block_names[start] for start, _ in layout.bounds[1:]] if layout else []
         self.__dict__["original"] = model  # not a child: the stage shares its modules
         self._transformers = hasattr(model, "config") and hasattr(model, "can_generate")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.pipelined is None:
+            with torch.no_grad():
+                output = self.__dict__["original"](*args, **kwargs)
+            logits = output.logits if hasattr(output, "logits") else output
+            return PippyOutput((logits,)) if self._transformers else logits
         args, kwargs, batch = _pad_batch(args, kwargs, self.num_chunks)
         with torch.no_grad():
             logits = self.pipelined(*args, **kwargs).logits
@@ -147,12 +152,14 @@ def prepare_pippy(model: nn.Module, split_points: str | list[str] | None = "auto
 
     state = PartialState()
     world, rank, device = state.num_processes, state.process_index, state.device
-    group = dist.group.WORLD if world > 1 else None
+    model.eval()
+    if world == 1:  # nothing to split: Accelerate runs the model as it is too
+        return PippyModel(model, None, 1, gather_output, 0, None)
+    group = dist.group.WORLD
     points = None if split_points in (None, "auto") else list(split_points)  # type: ignore[arg-type]
     settings = PipelineSettings(schedule="GPipe", num_microbatches=num_chunks or world, stages_per_rank=1,
                                 device=device, pp_size=world, pp_rank=rank, pp_group=group, split_points=points,
                                 mesh=ParallelMesh(ParallelDims(pp=world), device.type, global_rank=rank))
-    model.eval()
     pipelined = apply_pipeline(model, settings, lambda stage: stage.to(device))
     pipelined.eval()
     return PippyModel(model, pipelined, settings.num_microbatches, gather_output, settings.last_stage_rank, group)
