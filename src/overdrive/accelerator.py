@@ -596,7 +596,11 @@ class Accelerator:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Finish every tracker (flush and close its files) and wait for all processes."""
+        """Finish every tracker (flush and close its files), wait for a checkpoint still being written in the
+        background (``save_state(async_save=True)``) and for all processes."""
+        from overdrive.checkpoint.background import wait_for_pending_save
+
+        wait_for_pending_save()
         for tracker in getattr(self, "trackers", []):
             tracker.finish()
         self.trackers = []

@@ -1,5 +1,6 @@
 """``kill -9`` of a process at random moments while it saves, over and over, into one checkpoint folder:
-the last good checkpoint must always load (slow mode: 20 trials; the fast suite runs 2)."""
+the last good checkpoint must always load (slow mode: 20 trials; the fast suite runs 2). Every other
+trial saves with ``async_save=True``, so the kill lands in a background write."""
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ def _load(folder: Path) -> int:
     return accelerator.step
 
 
-def _trial(tmp_path: Path, rng: random.Random, env: dict) -> tuple[int, int]:
+def _trial(tmp_path: Path, rng: random.Random, env: dict, async_save: bool) -> tuple[int, int]:
     folder = tmp_path / "ckpt"
-    saver = subprocess.Popen([sys.executable, "-u", str(SCRIPTS / "save_forever.py"), str(folder)], env=env,
+    extra = ["--async"] if async_save else []
+    saver = subprocess.Popen([sys.executable, "-u", str(SCRIPTS / "save_forever.py"), str(folder), *extra], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         first = saver.stdout.readline()  # one checkpoint published: from here on one must always load
@@ -60,7 +62,7 @@ def _trials(tmp_path: Path, count: int, seed: int) -> None:
         trial.mkdir()
         if i:  # every later trial starts from the folder the previous kill left
             os.replace(tmp_path / f"trial{i - 1}" / "ckpt", trial / "ckpt")
-        _trial(trial, rng, env)
+        _trial(trial, rng, env, async_save=i % 2 == 1)  # every other trial kills a background write
 
 
 @pytest.mark.timeout(240)

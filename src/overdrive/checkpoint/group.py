@@ -18,7 +18,8 @@ _calls: dict[str, int] = {}  # per process: how many saves / loads it started, t
 class Group:
     """The default process group as a save or a load uses it (every call is a no-op in one process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pg: Any = None) -> None:
+        self.pg = pg  # None: the default group
         self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.rank = dist.get_rank() if self.active else 0
         self.size = dist.get_world_size() if self.active else 1
@@ -48,7 +49,7 @@ class Group:
         if not self.active:
             return [value]
         gathered: list[Any] = [None] * self.size
-        dist.all_gather_object(gathered, value)
+        dist.all_gather_object(gathered, value, group=self.pg)
         return gathered
 
     def broadcast(self, value: Any) -> Any:
@@ -56,12 +57,12 @@ class Group:
         if not self.active:
             return value
         box = [value]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.pg)
         return box[0]
 
     def barrier(self) -> None:
         if self.active:
-            dist.barrier()
+            dist.barrier(group=self.pg)
 
     def check(self, error: BaseException | None, what: str) -> None:
         """Raise on every rank if ``what`` failed on any: one collective, so call it on every rank."""

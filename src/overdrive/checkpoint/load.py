@@ -51,6 +51,9 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
     if unexpected:
         raise TypeError(f"load_state() got unexpected arguments {sorted(unexpected)}; it accepts allow_pickle, "
                         "strict, verify and load_kwargs")
+    from overdrive.checkpoint.background import wait_for_pending_save
+
+    wait_for_pending_save()  # a checkpoint being written in the background is published first
     group = Group()
     group.arrive("load_state")  # before any collective
     project = accelerator.project_configuration

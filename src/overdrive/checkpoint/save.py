@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from overdrive.checkpoint import naming, space
+from overdrive.checkpoint import background, naming, space
 from overdrive.checkpoint.codec import encode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
@@ -38,8 +38,12 @@ def rank_file(rank: int) -> str:
     return f"rank_{rank}.json"
 
 
+#: DCP writer threads per process: the write of one file overlaps the serialization of the next.
+WRITER_THREADS = 2
+
+
 def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-               **unexpected: Any) -> str:
+               async_save: bool | None = None, **unexpected: Any) -> str:
     """Save everything ``accelerator`` trains with into ``output_dir``; return the folder.
 
     Call it on every process. See :meth:`overdrive.Accelerator.save_state`.
@@ -52,9 +56,12 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
         raise CheckpointError("save_state(): nothing to save: no model, optimizer, scheduler or data loader was "
                               "prepared and no object registered; call accelerator.prepare(...) (or "
                               "register_for_checkpointing) first. Nothing was written")
+    background.wait_for_pending_save()  # the previous async save is published first
     group = Group()
     group.arrive("save_state")  # before any collective
     project = accelerator.project_configuration
+    if async_save is None:
+        async_save = bool(getattr(project, "async_save", False))
     target_name, token = group.run_on_main(
         lambda: (str(naming.save_target(project, output_dir)), uuid.uuid4().hex[:16]), "save_state")
     target = Path(target_name)
@@ -93,15 +100,23 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
         except Exception as exc:  # noqa: BLE001 - reported on every rank
             error, needed = exc, 0
         group.check(error, f"save_state({str(target)!r})")
-        writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True, thread_count=1)
-        metadata = run_dcp(lambda: dcp.save(flat, storage_writer=writer,
-                                            planner=DefaultSavePlanner(flatten_state_dict=False),
-                                            no_dist=not group.active), writes=(temporary, needed))
-        everything = group.gather(_describe_own_files(group, temporary, metadata))
-        group.run_on_main(lambda: _finish(accelerator, group, temporary, target, token, everything, summary),
-                          f"save_state({str(target)!r}) could not publish the checkpoint")
-        if replicate:
-            _replicate(accelerator, group, temporary if leader and group.rank != 0 else None, target, token)
+        writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True, thread_count=WRITER_THREADS)
+        planner = DefaultSavePlanner(flatten_state_dict=False)
+
+        def publish(over: Group, metadata: Any) -> None:
+            everything = over.gather(_describe_own_files(over, temporary, metadata))
+            over.run_on_main(lambda: _finish(accelerator, over, temporary, target, token, everything, summary),
+                             f"save_state({str(target)!r}) could not publish the checkpoint")
+            if replicate:
+                _replicate(accelerator, over, temporary if leader and over.rank != 0 else None, target, token)
+
+        if async_save:
+            background.start(flat, writer, planner, group, target, temporary, leader, needed, publish)
+            project.iteration += 1
+            return str(target)
+        metadata = run_dcp(lambda: dcp.save(flat, storage_writer=writer, planner=planner, no_dist=not group.active),
+                           writes=(temporary, needed))
+        publish(group, metadata)
     except BaseException as exc:
         if leader:
             shutil.rmtree(temporary, ignore_errors=True)

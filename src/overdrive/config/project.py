@@ -40,6 +40,8 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    #: ``save_state()`` writes in the background by default (``save_state(async_save=...)`` decides per call)
+    async_save: bool = False
 
     def set_directories(self, project_dir: str | None = None) -> None:
         self.project_dir = project_dir

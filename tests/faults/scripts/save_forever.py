@@ -8,6 +8,7 @@ import torch
 from overdrive import Accelerator
 
 folder = sys.argv[1]
+async_save = "--async" in sys.argv  # then SAVED is printed once the save is published (the next call waited)
 torch.manual_seed(0)
 accelerator = Accelerator()
 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 512))
@@ -19,5 +20,11 @@ while True:
     model(torch.randn(4, 512)).sum().backward()
     optimizer.step()
     optimizer.zero_grad()
-    accelerator.save_state(folder)
-    print(f"SAVED {accelerator.step}", flush=True)
+    if async_save:
+        previous = accelerator.step - 1
+        accelerator.save_state(folder, async_save=True)  # waits for the previous one first
+        if previous:
+            print(f"SAVED {previous}", flush=True)
+    else:
+        accelerator.save_state(folder)
+        print(f"SAVED {accelerator.step}", flush=True)

@@ -1,0 +1,99 @@
+"""``save_state(async_save=True)``: the training loop waits only while the state is copied to host memory.
+
+DCP's ``async_save`` stages (copies) the tensors and returns; its writes and its metadata exchange go on
+in a thread. A second thread here waits for them and then publishes the checkpoint as a synchronous save
+does (checksums, manifest, atomic rename, ``total_limit``). Both threads talk over a gloo group of their
+own, so their collectives never interleave with the training loop's. Until the rename the files sit in the
+hidden temporary folder, so a process killed during the background write leaves the previous checkpoint
+as it was. The next ``save_state`` / ``load_state``, ``end_training()`` and the end of the interpreter
+wait for the pending save (a failure is raised there).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from overdrive.checkpoint.errors import CheckpointError
+from overdrive.checkpoint.group import Group, run_dcp
+
+_pending: PendingSave | None = None
+_process_group: Any = None
+
+
+class PendingSave:
+    """A save whose files are still being written; ``wait()`` returns the folder once it is published."""
+
+    def __init__(self, target: Path, work: Callable[[], None]) -> None:
+        self.target = target
+        self.error: BaseException | None = None
+        # Not a daemon: the interpreter waits for it at exit, so a script that ends right after an async
+        # save still publishes it.
+        self._thread = threading.Thread(target=self._run, args=(work,), name="overdrive-async-save")
+        self._thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - raised in the main thread by wait()
+            self.error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> str:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return str(self.target)
+
+
+def _checkpoint_group(group: Group) -> Group:
+    """The gloo group the background threads use (created once, by every rank: a save is collective)."""
+    global _process_group
+    if not group.active:
+        return group
+    if _process_group is None:
+        _process_group = dist.new_group(backend="gloo")
+    return Group(_process_group)
+
+
+def start(flat: dict[str, Any], writer: Any, planner: Any, group: Group, target: Path, temporary: Path,
+          leader: bool, needed: int, publish: Callable[[Group, Any], None]) -> PendingSave:
+    """Stage ``flat`` (blocking: the copy to host memory), then write and ``publish`` in the background."""
+    global _pending
+    background = _checkpoint_group(group)
+    response = run_dcp(lambda: dcp.async_save(flat, storage_writer=writer, planner=planner,
+                                              process_group=background.pg, no_dist=not group.active),
+                       writes=(temporary, needed))
+    upload = getattr(response, "upload_completion", response)
+
+    def finish() -> None:
+        try:
+            metadata = run_dcp(upload.result, writes=(temporary, needed))
+            publish(background, metadata)
+        except BaseException as exc:
+            if leader:
+                shutil.rmtree(temporary, ignore_errors=True)
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(f"save_state({str(target)!r}, async_save=True) did not finish in the background "
+                                  f"({type(exc).__name__}: {exc}); nothing was published and earlier checkpoints "
+                                  "are untouched") from exc
+
+    _pending = PendingSave(target, finish)
+    return _pending
+
+
+def wait_for_pending_save() -> str | None:
+    """Block until the last ``save_state(async_save=True)`` is published; return its folder (None if there
+    was none). Raises the background save's error."""
+    global _pending
+    pending, _pending = _pending, None
+    return pending.wait() if pending is not None else None
