@@ -112,6 +112,8 @@ def main() -> None:
         child(args.child, args.blocks, args.steps)
         return
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
+    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     runs: dict[str, list[dict]] = {"whole": [], "regional": []}
     for index in range(args.rounds):
         for mode in (("whole", "regional") if index % 2 == 0 else ("regional", "whole")):
@@ -126,8 +128,6 @@ def main() -> None:
     print(f"\nregional / whole: cold start {cold:.3f} (target <= 0.333: {'met' if cold <= 1 / 3 else 'MISSED'}), "
           f"steady step {steady:.3f} (target within 2%: {'met' if abs(steady - 1) <= 0.02 else 'MISSED'}); "
           f"{args.rounds} round(s), {args.blocks} blocks")
-    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     out = HERE / "results" / "compile_time.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit, "runs": runs,

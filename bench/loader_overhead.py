@@ -122,6 +122,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
     results = {world: run_setting(world, args.rounds) for world in args.procs}
     print("| processes | plain µs/batch | prepared µs/batch | prepared / plain [95% CI] | CPU time ratio [95% CI] | "
           "target x1.005 |\n|---|---|---|---|---|---|")
@@ -130,8 +132,6 @@ def main() -> None:
         verdict = "met" if high <= TARGET else "MISSED" if low > TARGET else "not resolved (CI spans it)"
         print(f"| {world} | {r['plain_us']:.1f} | {r['prepared_us']:.1f} | {r['ratio']:.3f} [{low:.3f}-{high:.3f}] | "
               f"{r['cpu_ratio']:.3f} [{clow:.3f}-{chigh:.3f}] | {verdict} |")
-    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
     out = Path(__file__).parent / "results" / "loader_overhead.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit, "rounds": args.rounds,

@@ -101,6 +101,8 @@ def main() -> int:
     env["OVERDRIVE_CONFIG_FILE"] = os.path.join(tempfile.gettempdir(), "overdrive-bench-no-config.yaml")
     env["OMP_NUM_THREADS"] = "1"  # what both launchers pick for 2 processes on 2 cores; the same for 1 process
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
+    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     results = {procs: run_setting(procs, args.rounds, env) for procs in args.procs}
     labels = {"wall": "wall s to first step", "ranks_cpu": "CPU s of the ranks to first step",
               "tree_cpu": "CPU s of all processes, to exit"}
@@ -117,8 +119,6 @@ def main() -> int:
             print(f"| {label} | {m['median_s']['plain']:.3f} | {m['median_s']['overdrive']:.3f} | "
                   f"{m['extra_ms']:+.0f} [{dlow:+.0f} to {dhigh:+.0f}] | {m['ratio']:.3f} [{rlow:.3f}-{rhigh:.3f}] | "
                   f"{target} |")
-    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     out = HERE / "results" / "startup.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit, "rounds": args.rounds,

@@ -159,6 +159,8 @@ def main() -> None:
     torch.set_num_threads(1)
     data = make_data()
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
     rows = []
     print("| mode | Python calls / micro-batch: plain | overdrive | extra (target <= +10) | all calls incl. C: "
           "extra | time / micro-batch plain µs | overdrive/plain [95% CI] | CPU time ratio | x1.01 |")
@@ -178,12 +180,12 @@ def main() -> None:
               f"{every[1] - every[0]:+.1f} | {timing['plain_us']:.1f} | {timing['ratio']:.3f} [{low:.3f}-{high:.3f}] | "
               f"{timing['cpu_ratio']:.3f} | {verdict} |")
         if args.sites:
-            extra_sites = my_calls["sites"] - plain_calls["sites"]
-            for site, n in extra_sites.most_common(20):
-                print(f"    {n / steps:+6.2f}  {site}")
+            mine_sites, plain_sites = my_calls["sites"], plain_calls["sites"]
+            signed = {k: mine_sites[k] - plain_sites[k] for k in set(mine_sites) | set(plain_sites)}
+            for site, n in sorted(signed.items(), key=lambda kv: -abs(kv[1]))[:24]:
+                if abs(n) >= steps / 4:
+                    print(f"    {n / steps:+6.2f}  {site}")
         rows.append({"mode": mode, "python_calls": py, "all_calls": every, **timing})
-    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
     out = Path(__file__).parent / "results" / "step_calls.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit,

@@ -324,8 +324,8 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     except ValueError as exc:
         errors.append(str(exc))
     fp8 = None
-    if precision is not None:
-        from overdrive.precision.fp8 import resolve_fp8
+    if precision is not None and (precision.name == "fp8" or handlers.get("fp8") is not None):
+        from overdrive.precision.fp8 import resolve_fp8  # only then: a one-process start imports no more
 
         fp8 = resolve_fp8(handlers.get("fp8"), launched.get("fp8_config"), precision.name, process.device,
                           "deepspeed" if deepspeed is not None else parallel.strategy,
