@@ -65,6 +65,16 @@ class Rows:
         return {"input_ids": ids, "attention_mask": ids.new_ones(ids.shape), "labels": label}
 
 
+def tokenizer():
+    """A word-level tokenizer over the 64 token ids, built in memory (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(64)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t1", unk_token="t0")
+
+
 def arguments(out: Path, bf16: bool, **extra):
     from transformers import TrainingArguments
 
@@ -106,7 +116,7 @@ def main() -> None:
         config = SFTConfig(output_dir=str(out / "sft"), per_device_train_batch_size=2, max_steps=3,
                            logging_steps=1, report_to=[], use_cpu=True, learning_rate=1e-2,
                            train_sampling_strategy="sequential", disable_tqdm=True, save_strategy="no")
-        trainer = SFTTrainer(model=model, args=config, train_dataset=rows)
+        trainer = SFTTrainer(model=model, args=config, train_dataset=rows, processing_class=tokenizer())
         trainer.train()
         result["sft_losses"] = losses(trainer)
         _write(out, result, trainer)

@@ -1,0 +1,117 @@
+"""transformers' Trainer, PEFT and TRL running on overdrive (through install_as_accelerate() and
+``overdrive launch --as_accelerate``), compared with the same runs on the real Accelerate.
+
+Tiny BERT classifier and Llama causal LM built from configs (no downloads), shuffling off, gradient
+accumulation 2, a checkpoint half way, evaluate, predict (7 rows: uneven over 2 ranks), save, and a second
+Trainer resumed from the half-way checkpoint. See tests/scripts/hf_trainer_run.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_cli import clean_env
+
+pytestmark = [pytest.mark.optional,
+              pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("transformers", "accelerate")),
+                                 reason="needs transformers and the real accelerate (test extra)")]
+SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "hf_trainer_run.py")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = clean_env(tmp_path, PYTHONPATH=SRC, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                    TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    return {k: v for k, v in env.items() if not k.startswith("ACCELERATE_")}
+
+
+def _result(out: Path, proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+    return json.loads((out / "result.json").read_text())
+
+
+def run_one(tmp_path: Path, name: str, *flags: str) -> dict:
+    """One process: plain python (the real Accelerate unless --alias)."""
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, SCRIPT, str(out), *flags], capture_output=True, text=True, timeout=300,
+                          env=_env(tmp_path), cwd=tmp_path)
+    return _result(out, proc)
+
+
+def run_two(tmp_path: Path, name: str, *flags: str, overdrive: bool) -> dict:
+    """Two processes: ``overdrive launch --as_accelerate`` or torchrun with the real Accelerate."""
+    out = tmp_path / name
+    if overdrive:
+        command = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", "2", "--as_accelerate",
+                   *(["--mixed_precision", "bf16"] if "--bf16" in flags else []), SCRIPT, str(out), *flags]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", SCRIPT, str(out), *flags]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=420, env=_env(tmp_path), cwd=tmp_path)
+    return _result(out, proc)
+
+
+def assert_close(ours: list[float], theirs: list[float], tolerance: float) -> None:
+    assert len(ours) == len(theirs) and ours, (ours, theirs)
+    for a, b in zip(ours, theirs):
+        assert math.isfinite(a) and abs(a - b) <= tolerance * max(1.0, abs(b)), (ours, theirs)
+
+
+def check_run(run: dict, eval_rows: int = 7) -> None:
+    assert run["library"] == "overdrive"
+    assert run["predicted_rows"] == eval_rows == run["eval_rows"]
+    assert {"config.json", "model.safetensors"} <= set(run["saved"])
+    # the resumed Trainer reproduces the second half of the uninterrupted run
+    assert_close(run["resumed_losses"][3:], run["losses"][3:], 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bert_trainer_one_process_matches_accelerate(tmp_path):
+    ours = run_one(tmp_path, "ours", "--model", "bert", "--alias")
+    theirs = run_one(tmp_path, "theirs", "--model", "bert")
+    assert theirs["library"] == "accelerate"
+    check_run(ours)
+    assert_close(ours["losses"], theirs["losses"], 1e-4)
+    assert abs(ours["eval_loss"] - theirs["eval_loss"]) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(tmp_path):
+    ours = run_two(tmp_path, "ours", "--model", "llama", "--bf16", overdrive=True)
+    theirs = run_two(tmp_path, "theirs", "--model", "llama", "--bf16", overdrive=False)
+    assert theirs["library"] == "accelerate" and theirs["num_processes"] == 2
+    assert ours["num_processes"] == 2 and ours["mixed_precision"] == "bf16"
+    check_run(ours)
+    assert_close(ours["losses"], theirs["losses"], 2e-2)  # bf16 autocast on both sides
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_peft_lora_changes_only_adapters_and_trl_sft_trains(tmp_path):
+    if importlib.util.find_spec("peft") is None or importlib.util.find_spec("trl") is None:
+        pytest.skip("needs peft and trl (test extra)")
+    lora = run_one(tmp_path, "lora", "--model", "bert", "--alias", "--peft")
+    assert lora["changed"] and all("lora_" in name or "classifier" in name for name in lora["changed"]), lora["changed"]
+    assert any("lora_" in name for name in lora["changed"])
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(lora["saved"])
+    sft = run_one(tmp_path, "sft", "--model", "llama", "--alias", "--sft")
+    assert sft["library"] == "overdrive" and len(sft["sft_losses"]) == 3
+    assert all(math.isfinite(loss) for loss in sft["sft_losses"])
+
+
+def test_trainer_script_refuses_the_alias_after_the_real_accelerate(tmp_path):
+    code = ("import accelerate, overdrive\n"
+            "try:\n    overdrive.install_as_accelerate()\nexcept overdrive.compat.alias.AccelerateAliasError as e:\n"
+            "    print('REFUSED', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=_env(tmp_path), cwd=os.fspath(tmp_path))
+    assert proc.returncode == 0 and "REFUSED" in proc.stdout and "already imported" in proc.stdout
