@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from test_cli import clean_env
 
 pytestmark = [pytest.mark.optional,

@@ -45,7 +45,8 @@ class AccelerateSurface:
     def native_amp(self) -> bool:
         """Whether forward passes run under autocast (fp16 / bf16 mixed precision). Settable: ``False``
         turns autocast off for every prepared model from the next forward on; ``True`` turns it back on."""
-        return bool(self.precision.policy.enabled and self.precision.autocast_kwargs.enabled)
+        return bool(self.precision.policy.enabled and self.precision.autocast_kwargs.enabled
+                    and getattr(self.precision, "active", True))
 
     @native_amp.setter
     def native_amp(self, value: bool) -> None:
@@ -53,7 +54,9 @@ class AccelerateSurface:
             raise ValueError(f"native_amp=True needs mixed precision; this Accelerator runs "
                              f"mixed_precision={self.plan.precision.name!r}: build it with mixed_precision='bf16' "
                              "or 'fp16'")
-        self.precision.autocast_kwargs = dataclasses.replace(self.precision.autocast_kwargs, enabled=bool(value))
+        self.precision.active = bool(value)  # read by the hooks of the models already prepared
+        if value and not self.precision.autocast_kwargs.enabled:
+            self.precision.autocast_kwargs = dataclasses.replace(self.precision.autocast_kwargs, enabled=True)
 
     # -- the kwargs handlers given to Accelerator(kwargs_handlers=[...]) (defaults when none) ---------
     @property

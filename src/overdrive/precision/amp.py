@@ -26,6 +26,8 @@ class AmpPrecision:
         self.policy = policy
         self.device = device
         self.autocast_kwargs = autocast
+        #: whether the attached forward hooks open autocast (Accelerate's settable ``native_amp``)
+        self.active = True
         self.scaler: torch.amp.GradScaler | None = None
         if policy.loss_scaling and scaler.enabled:
             self.scaler = torch.amp.GradScaler(device.type, **scaler.to_kwargs())
@@ -33,7 +35,7 @@ class AmpPrecision:
     def autocast(self, handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """The autocast region for this policy (a no-op for full precision)."""
         handler = handler or self.autocast_kwargs
-        if not self.policy.enabled or not handler.enabled:
+        if not self.policy.enabled or not handler.enabled or not self.active:
             return contextlib.nullcontext()
         kwargs: dict[str, Any] = {"dtype": self.policy.compute_dtype}
         if handler.cache_enabled is not None:
@@ -52,12 +54,18 @@ class AmpPrecision:
         low = (torch.float16, torch.bfloat16)
 
         def enter(module: nn.Module, args: Any) -> None:
+            if not self.active:  # native_amp = False: this forward runs in full precision
+                stack.append(None)
+                return
             region = torch.autocast(**kwargs)
             region.__enter__()
             stack.append(region)
 
         def leave(module: nn.Module, args: Any, output: Any) -> Any:
-            stack.pop().__exit__(None, None, None)
+            region = stack.pop()
+            if region is None:
+                return output
+            region.__exit__(None, None, None)
             if type(output) is torch.Tensor:  # the common case, without walking a structure
                 return output.float() if output.dtype in low else output
             return convert_to_fp32(output)
