@@ -23,6 +23,11 @@ from test_cli import clean_env
 pytestmark = [pytest.mark.optional,
               pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("transformers", "accelerate")),
                                  reason="needs transformers and the real accelerate (test extra)")]
+import overdrive.config  # noqa: E402
+
+# Trainer always builds TorchDynamoPlugin; it lands with the one model path (issue 11)
+pytestmark.append(pytest.mark.skipif(not hasattr(overdrive.config, "TorchDynamoPlugin"),
+                                     reason="waits for TorchDynamoPlugin (arch-core, issue 11) on main"))
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "hf_trainer_run.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
