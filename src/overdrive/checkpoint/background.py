@@ -6,7 +6,8 @@ does (checksums, manifest, atomic rename, ``total_limit``). Both threads talk ov
 own, so their collectives never interleave with the training loop's. Until the rename the files sit in the
 hidden temporary folder, so a process killed during the background write leaves the previous checkpoint
 as it was. The next ``save_state`` / ``load_state``, ``end_training()`` and the end of the interpreter
-wait for the pending save (a failure is raised there).
+wait for the pending save (a failure is raised there). The host copy is kept between saves (one copy of
+the state in host memory), so staging is a copy, not an allocation.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
@@ -54,6 +57,45 @@ class PendingSave:
         return str(self.target)
 
 
+class _ReusedBuffers(BlockingAsyncStager):
+    """Stages into host buffers kept from one save to the next (allocated again only when the state's
+    keys, shapes or dtypes change): a copy, without allocating and faulting in a second state each time.
+    The next save waits for the previous one, so the buffers are free again when reused."""
+
+    def __init__(self) -> None:
+        super().__init__(cache_staged_state_dict=False)
+        self._layout: tuple | None = None
+        self._buffers: dict[str, Any] = {}
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        layout = tuple((k, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (k, type(v).__name__)
+                       for k, v in state_dict.items())
+        if layout != self._layout or any(isinstance(v, torch.Tensor) and v.is_cuda for v in state_dict.values()):
+            self._buffers = {k: torch.empty_like(v, device="cpu") for k, v in state_dict.items()
+                             if isinstance(v, torch.Tensor) and not hasattr(v, "_local_tensor")}  # not DTensors
+            self._layout = layout
+        staged: dict[str, Any] = {}
+        for key, value in state_dict.items():
+            buffer = self._buffers.get(key)
+            if buffer is not None:
+                staged[key] = buffer.copy_(value.detach())
+            else:  # DTensors and other values: DCP's own staging
+                staged[key] = _create_and_copy(value)
+        return staged
+
+
+def _create_and_copy(value: Any) -> Any:
+    from torch.distributed.checkpoint.staging import _copy_state_dict, _create_cpu_state_dict
+
+    box = {"v": value}
+    staged = _create_cpu_state_dict(box)
+    _copy_state_dict(box, staged)
+    return staged["v"]
+
+
+_stager: _ReusedBuffers | None = None
+
+
 def _checkpoint_group(group: Group) -> Group:
     """The gloo group the background threads use (created once, by every rank: a save is collective)."""
     global _process_group
@@ -67,9 +109,10 @@ def _checkpoint_group(group: Group) -> Group:
 def start(flat: dict[str, Any], writer: Any, planner: Any, group: Group, target: Path, temporary: Path,
           leader: bool, needed: int, publish: Callable[[Group, Any], None]) -> PendingSave:
     """Stage ``flat`` (blocking: the copy to host memory), then write and ``publish`` in the background."""
-    global _pending
+    global _pending, _stager
     background = _checkpoint_group(group)
-    response = run_dcp(lambda: dcp.async_save(flat, storage_writer=writer, planner=planner,
+    _stager = _stager or _ReusedBuffers()
+    response = run_dcp(lambda: dcp.async_save(flat, storage_writer=writer, planner=planner, async_stager=_stager,
                                               process_group=background.pg, no_dist=not group.active),
                        writes=(temporary, needed))
     upload = getattr(response, "upload_completion", response)

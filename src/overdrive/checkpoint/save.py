@@ -29,7 +29,14 @@ from overdrive.checkpoint.codec import encode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
 from overdrive.checkpoint.state import ModelState, OptimizerState, capture_rng, loader_record, optimizer_owner
-from overdrive.checkpoint.storage import DCP_METADATA, MANIFEST, describe, manifest_data, write_json
+from overdrive.checkpoint.storage import (
+    DCP_METADATA,
+    MANIFEST,
+    describe,
+    describe_many,
+    manifest_data,
+    write_json,
+)
 
 STATE_FILE = "state.json"
 
@@ -256,7 +263,7 @@ def _describe_own_files(group: Group, folder: Path, metadata: Any) -> dict[str, 
     names = [name for name in data_files if name.startswith(f"__{group.rank}_")] + [rank_file(group.rank)]
     if group.rank == 0:
         names += [DCP_METADATA, STATE_FILE]
-    return {name: describe(folder, name, group.rank) for name in names}
+    return describe_many(folder, names, group.rank)
 
 
 def _finish(accelerator: Any, group: Group, temporary: Path, target: Path, token: str,
