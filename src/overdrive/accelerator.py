@@ -351,6 +351,9 @@ class Accelerator:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
                           device_placement: bool | None = None) -> AcceleratedOptimizer:
+        for existing in self._optimizers:  # prepared before: the same wrapper, registered (and saved) once
+            if existing is optimizer or existing.optimizer is optimizer:
+                return existing
         if self.plan.fp8 is not None:
             from overdrive.precision.fp8 import precompute_scales_after_step, repoint_optimizer
 

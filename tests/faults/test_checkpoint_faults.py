@@ -182,3 +182,18 @@ def test_save_before_prepare_and_load_of_a_file_say_what_is_wrong(tmp_path):
     folder = Path(accelerator.save_state(tmp_path / "ckpt"))
     with pytest.raises(CheckpointError, match=r"that path is a file, not a checkpoint folder; .* e\.g\. "):
         accelerator.load_state(folder / "manifest.json")
+
+
+def test_the_same_optimizer_prepared_twice_is_registered_once(tmp_path):
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, first = accelerator.prepare(model, optimizer)
+    second = accelerator.prepare(optimizer)
+    assert second is first and accelerator.prepare(first) is first
+    assert len(accelerator._optimizers) == 1
+    model(torch.randn(2, 4)).sum().backward()
+    first.step()
+    folder = Path(accelerator.save_state(tmp_path / "ckpt"))
+    assert json.loads((folder / "manifest.json").read_text())["contents"]["optimizers"] == 1
+    accelerator.load_state(folder)
