@@ -61,7 +61,8 @@ class AccelerateSurface:
     # -- the kwargs handlers given to Accelerator(kwargs_handlers=[...]) (defaults when none) ---------
     @property
     def ddp_handler(self) -> Any:
-        return self.plan.ddp
+        """The DDP options in effect (a copy of the ``DistributedDataParallelKwargs`` given, or the defaults)."""
+        return getattr(getattr(self.plan, "strategy_settings", None), "options", None) or self.plan.ddp
 
     @property
     def scaler_handler(self) -> Any:
