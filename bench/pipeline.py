@@ -130,7 +130,7 @@ def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namesp
     result = {**counted, "peak_rss": peak[0], "step_s": statistics.median(times),
               "busy_share": sum(busy) / sum(times)}
     if clock:
-        from overdrive.transforms.pipeline_schedule import bubble_fraction, one_f_one_b_order
+        from overdrive.transforms.pipeline.schedule import bubble_fraction, one_f_one_b_order
 
         schedule = next(iter(model._schedules.values()))
         order = one_f_one_b_order(2, args.microbatches) if layout == "1F1B:1" else schedule.pipeline_order

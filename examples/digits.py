@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from overdrive import Accelerator
-from overdrive.progress import progress_bar
+from overdrive.tracking.progress import progress_bar
 from overdrive.utils import set_seed
 
 

@@ -9,10 +9,10 @@ Public names are imported on first use, so ``import overdrive`` costs next to no
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from overdrive._lazy import lazy_exports
+from overdrive._version import __version__
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -66,21 +66,18 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        # Accelerate's other top-level names (overdrive.compat.table), looked up only when asked for
-        from overdrive.compat.table import NAMES
+def _compat_names() -> dict[str, str]:
+    """Accelerate's other top-level names (``overdrive.compat.table``), loaded only when asked for."""
+    from overdrive.compat.table import NAMES
 
-        module = NAMES["overdrive"].get(name)
-    if module is None:
-        raise AttributeError(f"module 'overdrive' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return NAMES["overdrive"]
+
+
+__getattr__, _dir = lazy_exports(__name__, _EXPORTS, _compat_names)
 
 
 def __dir__() -> list[str]:
+    """The public names only (the lazy ones included)."""
     return __all__
 
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from overdrive import config_file as cf
+from overdrive.launchers import config_file as cf
 from overdrive.launchers.torchrun import Command, LaunchPlan, describe_failures, torchrun_argv, traceback_tail
 from overdrive.runtime.cluster import _tasks_per_node, detect_process_info, first_host
 

@@ -99,7 +99,7 @@ def test_plugin_flag_problems_are_reported_together(tmp_path, monkeypatch):
 
 
 def test_config_file_plugin_sections_name_unknown_keys(tmp_path):
-    from overdrive import config_file as cf
+    from overdrive.launchers import config_file as cf
 
     with pytest.raises(cf.ConfigError) as info:
         cf.validate_config({"deepspeed_config": {"zero_stag": 2}, "fsdp_config": {"fsdp_offload_param": True}})

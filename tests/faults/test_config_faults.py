@@ -7,7 +7,7 @@ import json
 import pytest
 
 from faultkit import clean_env, overdrive
-from overdrive import config_file as cf
+from overdrive.launchers import config_file as cf
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]\n" for prev, name in zip("abcdefgh", "bcdefghi"))

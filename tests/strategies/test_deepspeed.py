@@ -17,7 +17,7 @@ from overdrive import (
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
 )
-from overdrive.deepspeed.config import engine_config
+from overdrive.strategies.deepspeed.ds_config import engine_config
 from test_cli import clean_env, overdrive
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
@@ -164,14 +164,14 @@ def test_launch_config_selects_deepspeed(monkeypatch):
 
 
 def test_missing_packages_are_named(monkeypatch):
-    from overdrive.deepspeed import import_deepspeed
+    from overdrive.config.deepspeed import import_deepspeed
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     with pytest.raises(ImportError, match=r"pip install 'overdrive\[deepspeed\]'"):
         import_deepspeed()
     with pytest.raises(ValueError, match=r"the 'deepspeed' package cannot be imported; install it with"):
         Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
-    monkeypatch.setattr("overdrive.deepspeed.megatron.megatron_core_problem",
+    monkeypatch.setattr("overdrive.resolve.megatron.megatron_core_problem",
                         lambda: "MegatronLMPlugin needs the 'megatron-core' package (pip install megatron-core)")
     with pytest.raises(ValueError) as info:
         Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2, pp_degree=1))
@@ -185,7 +185,7 @@ class Payload:
 def test_engine_files_referring_to_unknown_globals_are_refused(tmp_path):
     import torch
 
-    from overdrive.deepspeed.checkpoint import refuse_unknown_globals
+    from overdrive.strategies.deepspeed.checkpoint import refuse_unknown_globals
 
     torch.save({"module": {"w": torch.zeros(2)}, "ds_version": "0.19"}, tmp_path / "mp_rank_00_model_states.pt")
     refuse_unknown_globals(tmp_path)  # tensors, dicts and strings only

@@ -13,8 +13,13 @@ import torch
 from torch import nn
 
 from distributed import run_distributed
-from overdrive.monitor import PEAK_FLOPS, ThroughputMonitor, estimate_flops_per_token, peak_flops_for
-from overdrive.progress import ProgressBar, progress_bar
+from overdrive.tracking.progress import ProgressBar, progress_bar
+from overdrive.tracking.throughput import (
+    PEAK_FLOPS,
+    ThroughputMonitor,
+    estimate_flops_per_token,
+    peak_flops_for,
+)
 
 
 def fake_clock(times: list[float]):

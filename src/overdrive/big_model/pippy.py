@@ -143,12 +143,8 @@ def prepare_pippy(model: nn.Module, split_points: str | list[str] | None = "auto
     """
     from overdrive.runtime.mesh import ParallelDims, ParallelMesh
     from overdrive.state import PartialState
-    from overdrive.transforms.pipeline import apply_pipeline
-
-    try:  # the pipeline transform is becoming a package (transforms/pipeline/); either layout works
-        from overdrive.transforms.pipeline.schedule import PipelineSettings
-    except ImportError:
-        from overdrive.transforms.pipeline_schedule import PipelineSettings  # type: ignore[no-redef]
+    from overdrive.transforms.pipeline.model import apply_pipeline
+    from overdrive.transforms.pipeline.schedule import PipelineRuntime
 
     state = PartialState()
     world, rank, device = state.num_processes, state.process_index, state.device
@@ -157,7 +153,7 @@ def prepare_pippy(model: nn.Module, split_points: str | list[str] | None = "auto
         return PippyModel(model, None, 1, gather_output, 0, None)
     group = dist.group.WORLD
     points = None if split_points in (None, "auto") else list(split_points)  # type: ignore[arg-type]
-    settings = PipelineSettings(schedule="GPipe", num_microbatches=num_chunks or world, stages_per_rank=1,
+    settings = PipelineRuntime(schedule="GPipe", num_microbatches=num_chunks or world, stages_per_rank=1,
                                 device=device, pp_size=world, pp_rank=rank, pp_group=group, split_points=points,
                                 mesh=ParallelMesh(ParallelDims(pp=world), device.type, global_rank=rank))
     pipelined = apply_pipeline(model, settings, lambda stage: stage.to(device))

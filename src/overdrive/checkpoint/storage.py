@@ -95,7 +95,7 @@ def fsync_dir(path: Path) -> None:
 
 # -- the manifest ---------------------------------------------------------------------------------
 def manifest_data(files: dict[str, dict[str, Any]], world_size: int, contents: dict[str, Any]) -> dict[str, Any]:
-    from overdrive import __version__
+    from overdrive._version import __version__
 
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "world_size": world_size,
             "versions": {"overdrive": __version__, "torch": torch.__version__}, "checksum": "crc32",

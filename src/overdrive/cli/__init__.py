@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The subcommand's own parser reads the rest, so its errors name it and its flags.
     args = commands[argv[0]].parse_args(argv[1:])
     args.command = argv[0]
-    from overdrive.config_file import ConfigError
+    from overdrive.launchers.config_file import ConfigError
 
     try:
         return int(args.run(args) or 0)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from overdrive import config_file as cf
 from overdrive.cli import UsageError, add_flag
+from overdrive.launchers import config_file as cf
 
 
 def add_parser(sub: Any) -> None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overdrive import config_file as cf
 from overdrive.cli import UsageError, add_flag
+from overdrive.launchers import config_file as cf
 
 DEFAULT_PORT = 29500
 MIN_FREE_BYTES = 1 << 30  # below 1 GiB free a checkpoint of any real model fails half-way

@@ -8,8 +8,8 @@ import platform
 import sys
 from typing import Any
 
-from overdrive import config_file as cf
 from overdrive.cli import add_flag
+from overdrive.launchers import config_file as cf
 
 
 def add_parser(sub: Any) -> None:
@@ -56,7 +56,7 @@ def report(config_file: str | None = None) -> str:
     """The text ``overdrive env`` prints."""
     import torch
 
-    import overdrive
+    from overdrive._version import __version__
 
     try:
         usable = len(os.sched_getaffinity(0))
@@ -65,7 +65,7 @@ def report(config_file: str | None = None) -> str:
     lines = [
         "Copy and paste the text below into your bug report.",
         "",
-        f"- overdrive version: {overdrive.__version__}",
+        f"- overdrive version: {__version__}",
         f"- Platform: {platform.platform()}",
         f"- Python version: {sys.version.split()[0]} ({sys.executable})",
         f"- PyTorch version: {torch.__version__}",

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overdrive import config_file as cf
 from overdrive.cli import Parser, UsageError, add_flag
+from overdrive.launchers import config_file as cf
 from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, launch_script
 
 # launch setting -> config file key (None: a flag only)

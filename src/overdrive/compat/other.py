@@ -181,7 +181,7 @@ def is_peft_model(model: Any) -> bool:
 
 # -- commands.config ---------------------------------------------------------------------------------------
 def _default_config_file() -> str:
-    from overdrive.config_file import default_config_path
+    from overdrive.launchers.config_file import default_config_path
 
     return str(default_config_path())
 
@@ -193,7 +193,7 @@ def load_config_from_file(config_file: str | os.PathLike | None = None) -> Any:
     """The launch config (``config_file``, else the default one) as an object with attribute access."""
     from types import SimpleNamespace
 
-    from overdrive import config_file as cf
+    from overdrive.launchers import config_file as cf
 
     source = cf.find_config(config_file)
     if source.path is None or not source.path.is_file():
@@ -205,7 +205,7 @@ def load_config_from_file(config_file: str | os.PathLike | None = None) -> Any:
 def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None) -> Path | bool:
     """Write a one-machine config file using every local device (``overdrive config default``); returns
     its path, or False (and changes nothing) when a file is already there."""
-    from overdrive import config_file as cf
+    from overdrive.launchers import config_file as cf
 
     path = Path(save_location or cf.default_config_path()).expanduser()
     if path.exists():

@@ -112,7 +112,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     "overdrive.utils.imports": _names(_IMP, _IS_AVAILABLE),
     "overdrive.utils.constants": _names(_K, _CONSTANTS),
     "overdrive.utils.deepspeed": {
-        **_names("overdrive.deepspeed.objects", "DummyOptim DummyScheduler DeepSpeedOptimizerWrapper "
+        **_names("overdrive.strategies.deepspeed.objects", "DummyOptim DummyScheduler DeepSpeedOptimizerWrapper "
                                                 "DeepSpeedSchedulerWrapper get_active_deepspeed_plugin"),
         **_names("overdrive.config.hf_deepspeed", "HfDeepSpeedConfig"),
         **_names(_REF, "DeepSpeedEngineWrapper map_pytorch_optim_to_deepspeed"),

@@ -3,7 +3,7 @@
 One value can be set in three places: a ``DeepSpeedPlugin`` field, the DeepSpeed JSON, and the
 Accelerator's own argument (``mixed_precision``, ``gradient_accumulation_steps``). This module handles the
 first two, when the plugin is built; the strategy fills the rest ("auto") when an engine is built
-(``overdrive.deepspeed.config.engine_config``). Every disagreement names both values and where they came from.
+(``overdrive.strategies.deepspeed.ds_config.engine_config``). Every disagreement names both values and where they came from.
 """
 
 from __future__ import annotations

@@ -1,32 +1,16 @@
-"""DeepSpeed support: the plugin's config handling, "auto" filling, DummyOptim / DummyScheduler, the engine's
-checkpoints, and the Megatron-LM plugin's checks.
-
-Nothing here imports the ``deepspeed`` library at import time; it is imported when an engine is built.
-The strategy itself is ``overdrive.strategies.deepspeed``; see docs/deepspeed.md.
-"""
+"""Compat path: DeepSpeed support lives in ``overdrive.strategies.deepspeed``; these names stay here."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from overdrive.config.deepspeed import import_deepspeed  # noqa: F401 - re-exported for the strategy
+from overdrive._lazy import lazy_exports
 
 _EXPORTS = {
-    "DummyOptim": "overdrive.deepspeed.objects",
-    "DummyScheduler": "overdrive.deepspeed.objects",
-    "DeepSpeedOptimizerWrapper": "overdrive.deepspeed.objects",
-    "DeepSpeedSchedulerWrapper": "overdrive.deepspeed.objects",
-    "get_active_deepspeed_plugin": "overdrive.deepspeed.objects",
+    "DummyOptim": "overdrive.strategies.deepspeed.objects",
+    "DummyScheduler": "overdrive.strategies.deepspeed.objects",
+    "DeepSpeedOptimizerWrapper": "overdrive.strategies.deepspeed.objects",
+    "DeepSpeedSchedulerWrapper": "overdrive.strategies.deepspeed.objects",
+    "get_active_deepspeed_plugin": "overdrive.strategies.deepspeed.objects",
+    "import_deepspeed": "overdrive.config.deepspeed",
 }
-
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'overdrive.deepspeed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

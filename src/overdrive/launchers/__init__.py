@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from overdrive._lazy import lazy_exports
 
 _EXPORTS = {
     "notebook_launcher": "overdrive.launchers.notebook",
@@ -15,11 +15,6 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'overdrive.launchers' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)

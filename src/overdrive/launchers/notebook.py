@@ -11,7 +11,6 @@ cannot be imported, so on Linux its processes are forked from the notebook inste
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -20,9 +19,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from overdrive.config_file import MIXED_PRECISION, RDZV_BACKENDS
+from overdrive.launchers.config_file import MIXED_PRECISION, RDZV_BACKENDS
+from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, encode_launch_config
 from overdrive.launchers.torchrun import (
-    LAUNCH_CONFIG_VAR,
     LaunchError,
     default_threads,
     describe_failures,
@@ -87,7 +86,7 @@ def _elastic_run(function: Callable[..., Any], args: tuple, *, nproc_per_node: i
         max_restarts=max_restarts, monitor_interval=monitor_interval, start_method=_start_method(function),
         logs_specs=DefaultLogsSpecs(log_dir=log_dir), log_line_prefix_template=log_line_prefix_template,
     )
-    env = {LAUNCH_CONFIG_VAR: json.dumps(worker_config, sort_keys=True),
+    env = {LAUNCH_CONFIG_VAR: encode_launch_config(worker_config),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
     try:
         with patched_environ(env), quiet_torchelastic(debug=False):
@@ -131,7 +130,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
     worker_config = {"cpu": cpu, "mixed_precision": str(mixed_precision).lower(),
                      "num_processes": num_processes * num_nodes, "num_machines": num_nodes, "machine_rank": node_rank}
     if num_processes == 1 and num_nodes == 1:
-        with patched_environ({LAUNCH_CONFIG_VAR: json.dumps(worker_config, sort_keys=True)}):
+        with patched_environ({LAUNCH_CONFIG_VAR: encode_launch_config(worker_config)}):
             return {0: function(*args)}
     _check_fresh(num_processes)
     configs = dict(rdzv_conf or {})

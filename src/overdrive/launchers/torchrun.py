@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"  # the same name as overdrive.resolve.LAUNCH_CONFIG_VAR
-LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"  # the same name as overdrive.launchers.worker.LAUNCHER_PID_VAR
+from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, LAUNCHER_PID_VAR, encode_launch_config
 
 
 class LaunchError(RuntimeError):
@@ -125,7 +124,7 @@ def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
     """The variables every worker gets besides torchrun's own: the config JSON, threads, devices."""
     local = plan.processes_per_machine
     threads = plan.num_cpu_threads_per_process
-    env: dict[str, str | None] = {LAUNCH_CONFIG_VAR: json.dumps(plan.worker_config, sort_keys=True),
+    env: dict[str, str | None] = {LAUNCH_CONFIG_VAR: encode_launch_config(plan.worker_config),
                                   LAUNCHER_PID_VAR: str(os.getpid())}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)

@@ -18,7 +18,8 @@ import runpy
 import signal
 import sys
 
-LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"
+from overdrive.launchers.protocol import LAUNCHER_PID_VAR
+
 _PR_SET_PDEATHSIG = 1
 
 

@@ -52,11 +52,6 @@ class ParallelDims:
         return math.prod(getattr(self, a) for a in AXES)
 
     @property
-    def dp_size(self) -> int:
-        """Processes that see different data: replicate x shard."""
-        return self.dp_replicate * self.dp_shard
-
-    @property
     def shards_parameters(self) -> bool:
         """Whether FSDP2 shards parameters (over dp_shard x cp)."""
         return self.dp_shard * self.cp > 1

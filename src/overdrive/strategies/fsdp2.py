@@ -66,7 +66,7 @@ class FSDP2Strategy:
             _refuse_meta(model, self.fsdp)
             model.to(self.device)
             if self.fsdp.sync_module_states and self.mesh.dims.world_size > 1:
-                from overdrive.transforms.data_parallel import broadcast_module_states
+                from overdrive.transforms.fully_shard import broadcast_module_states
 
                 broadcast_module_states(model)
             replaced = {}
@@ -77,7 +77,7 @@ class FSDP2Strategy:
             self._record_owners(model, replaced)
         apply_parallelism(model, self.mesh, self.settings)
         if efficient:
-            from overdrive.transforms.data_parallel import load_from_rank0
+            from overdrive.transforms.fully_shard import load_from_rank0
 
             load_from_rank0(model, full, extra, self.device)
         if not self.shards_parameters:
@@ -202,7 +202,7 @@ def total_grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor
 
 def _take_full_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Rank 0's full weights and non-persistent buffers (empty elsewhere: other ranks may be on meta)."""
-    from overdrive.transforms.data_parallel import non_persistent_buffers
+    from overdrive.transforms.fully_shard import non_persistent_buffers
 
     if dist.get_rank() != 0:
         return {}, {}

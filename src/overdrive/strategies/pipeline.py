@@ -20,8 +20,8 @@ from torch import nn
 from overdrive.config import DistributedType, FullyShardedDataParallelPlugin, PipelineConfig
 from overdrive.runtime.mesh import ParallelMesh
 from overdrive.strategies.base import create_strategy
-from overdrive.transforms.pipeline import PipelinedModel, apply_pipeline
-from overdrive.transforms.pipeline_schedule import PipelineSettings, default_stages_per_rank, schedule_name
+from overdrive.transforms.pipeline.model import PipelinedModel, apply_pipeline
+from overdrive.transforms.pipeline.schedule import PipelineRuntime, default_stages_per_rank, schedule_name
 
 
 class PipelineStrategy:
@@ -40,7 +40,7 @@ class PipelineStrategy:
         name = schedule_name(config.schedule) or config.schedule
         spr = config.stages_per_rank or default_stages_per_rank(name)
         pp = mesh.get("pp")
-        self.settings = PipelineSettings(
+        self.settings = PipelineRuntime(
             schedule=name, num_microbatches=config.num_microbatches or mesh.size("pp") * spr, stages_per_rank=spr,
             device=device, pp_size=mesh.size("pp"), pp_rank=mesh.rank("pp"),
             pp_group=pp.get_group() if pp is not None else None, split_points=config.split_points,
@@ -74,11 +74,11 @@ class PipelineStrategy:
         self._models.append(pipelined)
         return pipelined
 
-    def _wrap_stage(self, stage: nn.Module, settings: PipelineSettings) -> nn.Module:
+    def _wrap_stage(self, stage: nn.Module, settings: PipelineRuntime) -> nn.Module:
         self._mine |= {id(p) for p in stage.parameters()}
         stage.to(self.device)  # the stage only: the rest of the model stays where it was built
         if self.sync_module_states:
-            from overdrive.transforms.pipeline_ties import broadcast_stage
+            from overdrive.transforms.pipeline.ties import broadcast_stage
 
             stage_group = self.mesh.get("dp_cp_tp")
             broadcast_stage(stage, stage_group.get_group() if stage_group is not None else None, settings.ties)
@@ -86,7 +86,7 @@ class PipelineStrategy:
             return self.stage_strategy.wrap_model(stage)
         self._hooks += self.precision.attach(stage)
         if self.dynamo_backend:
-            from overdrive.transforms.tensor_parallel import find_blocks
+            from overdrive.transforms.blocks import find_blocks
 
             for _, block in find_blocks(stage):
                 block.compile(backend=self.dynamo_backend)
@@ -126,7 +126,7 @@ class PipelineStrategy:
         from torch.distributed.tensor.experimental import implicit_replication
 
         from overdrive.strategies.fsdp2 import _by_mesh, total_grad_norm
-        from overdrive.transforms.pipeline_ties import counted_elsewhere
+        from overdrive.transforms.pipeline.ties import counted_elsewhere
 
         groups = _by_mesh([p for p in parameters if p.grad is not None])
         again = {i for m in self._models for i in counted_elsewhere(m, m.settings.ties, m.settings.pp_rank)}

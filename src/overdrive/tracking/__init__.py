@@ -12,6 +12,7 @@ and passing an instance in ``log_with`` or registering the class::
 
 from __future__ import annotations
 
+from overdrive._lazy import lazy_exports
 from overdrive.tracking.base import (
     DEFAULT_TRACKER,
     GeneralTracker,
@@ -43,12 +44,5 @@ __all__ = [
     "on_main_process", "register_tracker", "start_trackers", "tracker_class", "tracker_names",
     "CSVTracker", "JSONLTracker", "find_metrics_file", "metric_series", "read_metrics", *_LAZY,
 ]
-
-
-def __getattr__(name: str) -> object:
-    # the optional-library trackers import nothing heavy either, but keep `import overdrive.tracking` minimal
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'overdrive.tracking' has no attribute {name!r}")
+# the optional-library trackers import nothing heavy either, but keep `import overdrive.tracking` minimal
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -27,24 +27,20 @@ class ParallelismSettings:
     precision: PrecisionPolicy = field(default_factory=PrecisionPolicy)
 
 
-def apply_parallelism(model: nn.Module, dims: ParallelMesh, config: ParallelismSettings) -> nn.Module:
-    """Apply every parallelism ``config`` asks for to ``model``, in place, over the mesh ``dims``."""
-    from overdrive.transforms import data_parallel as dp
+def apply_parallelism(model: nn.Module, mesh: ParallelMesh, config: ParallelismSettings) -> nn.Module:
+    """Apply every parallelism ``config`` asks for to ``model``, in place, over ``mesh``."""
+    from overdrive.transforms import fully_shard as dp
     from overdrive.transforms.activation_checkpointing import apply_activation_checkpointing
-    from overdrive.transforms.tensor_parallel import (
-        apply_tensor_parallel,
-        find_blocks,
-        match_blocks,
-        plan_from_patterns,
-    )
+    from overdrive.transforms.blocks import blocks_to_wrap
+    from overdrive.transforms.tensor_parallel import apply_tensor_parallel, match_blocks, plan_from_patterns
 
-    tp_mesh = dims.get("tp")
+    tp_mesh = mesh.get("tp")
     if tp_mesh is not None:
         plan = (plan_from_patterns(model, config.tp_plan, config.sequence_parallel, tp_mesh.size()) if config.tp_plan
                 else match_blocks(model, tp_mesh.size(), config.sequence_parallel))
         apply_tensor_parallel(model, tp_mesh, plan)
     # Context parallel changes no module: attention is split while ``maybe_context_parallel`` is open.
-    blocks = _blocks(model, config.fsdp, [m for _, m in find_blocks(model)])
+    blocks = blocks_to_wrap(model, config.fsdp.transformer_cls_names_to_wrap)
     if config.activation_checkpointing:
         if not blocks:
             raise ValueError(f"activation_checkpointing found no blocks in {type(model).__name__}; name them with "
@@ -53,7 +49,7 @@ def apply_parallelism(model: nn.Module, dims: ParallelMesh, config: ParallelismS
     if config.compile_backend:
         for block in blocks or [model]:
             block.compile(backend=config.compile_backend)  # in place: names (and checkpoints) stay the same
-    fsdp_mesh = dims.fsdp_mesh()
+    fsdp_mesh = mesh.fsdp_mesh()
     if fsdp_mesh is not None:
         settings = dp.FullyShardSettings(
             reshard_after_forward=config.fsdp.reshard,
@@ -64,16 +60,6 @@ def apply_parallelism(model: nn.Module, dims: ParallelMesh, config: ParallelismS
             ignored_params=dp.ignored_parameters(config.fsdp, model))
         dp.apply_fully_shard(model, fsdp_mesh, settings)
     return model
-
-
-def _blocks(model: nn.Module, fsdp: FullyShardedDataParallelPlugin, found: list[nn.Module]) -> list[nn.Module]:
-    """The blocks to checkpoint and compile: the classes FSDP wraps by name, else the repeated blocks."""
-    names = fsdp.transformer_cls_names_to_wrap or list(getattr(model, "_no_split_modules", None) or [])
-    if names:
-        named = [m for m in model.modules() if type(m).__name__ in set(names)]
-        if named:
-            return named
-    return found
 
 
 __all__ = ["ParallelismSettings", "apply_parallelism"]

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from overdrive.transforms.blocks import find_blocks
+
 logger = logging.getLogger(__name__)
 
 STYLES = ("colwise", "rowwise", "colwise_rep", "sequence_parallel", "replicate")
@@ -74,19 +76,6 @@ def is_norm(module: nn.Module, hidden: int) -> bool:
     params = dict(module.named_parameters(recurse=False))
     return "weight" in params and set(params) <= {"weight", "bias"} and all(
         tuple(p.shape) == (hidden,) for p in params.values())
-
-
-def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's repeated blocks: the items of its longest ModuleList of one class holding projections."""
-    best: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or len(module) <= len(best):
-            continue
-        # parameter-free items are not blocks (a pipeline stage keeps placeholders for other stages' blocks)
-        items = [(key, m) for key, m in module._modules.items() if m is not None and any(True for _ in m.parameters())]
-        if items and len({type(m) for _, m in items}) == 1 and any(is_projection(m) for m in items[0][1].modules()):
-            best = [(f"{name}.{key}" if name else key, m) for key, m in items]
-    return best
 
 
 # -- the structural matcher -------------------------------------------------------------------------

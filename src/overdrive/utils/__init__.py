@@ -6,8 +6,7 @@ imported on first use, so that ``from overdrive.utils import set_seed`` loads on
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from overdrive._lazy import lazy_exports
 
 
 def _table() -> dict[str, str]:
@@ -16,14 +15,4 @@ def _table() -> dict[str, str]:
     return NAMES["overdrive.utils"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _table().get(name)
-    if module is None:
-        raise AttributeError(f"module 'overdrive.utils' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(_table())
+__getattr__, __dir__ = lazy_exports(__name__, _table)

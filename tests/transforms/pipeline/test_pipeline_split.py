@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from overdrive import Accelerator, ParallelismConfig, PipelineConfig
-from overdrive.transforms.pipeline import StageModule
-from overdrive.transforms.pipeline_schedule import (
+from overdrive.transforms.pipeline.model import StageModule
+from overdrive.transforms.pipeline.schedule import (
     bubble_fraction,
     local_stages,
     one_f_one_b_order,
@@ -20,7 +20,7 @@ from overdrive.transforms.pipeline_schedule import (
     stage_style,
     stage_to_rank,
 )
-from overdrive.transforms.pipeline_split import (
+from overdrive.transforms.pipeline.split import (
     RemovedModule,
     ShapeOnly,
     SkippedBlock,
@@ -31,7 +31,7 @@ from overdrive.transforms.pipeline_split import (
     find_block_list,
     plan_stages,
 )
-from overdrive.transforms.pipeline_ties import find_tied_parameters
+from overdrive.transforms.pipeline.ties import find_tied_parameters
 from test_parallel_helpers import loss_fn, make_model
 from test_pipeline_helpers import build_hf
 

@@ -41,7 +41,10 @@ class EngineCheckpoint:
 
     def owns(self, obj: Any) -> bool:
         """Whether ``obj`` (a prepared model, optimizer or scheduler) is saved by its engine."""
-        from overdrive.deepspeed.objects import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
+        from overdrive.strategies.deepspeed.objects import (
+            DeepSpeedOptimizerWrapper,
+            DeepSpeedSchedulerWrapper,
+        )
 
         for candidate in (obj, getattr(obj, "optimizer", None), getattr(obj, "scheduler", None)):
             if is_engine(candidate) or isinstance(candidate, (DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper)):

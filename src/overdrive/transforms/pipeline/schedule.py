@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from overdrive.transforms.pipeline_split import StageLayout
+    from overdrive.transforms.pipeline.split import StageLayout
 
 def stage_style(name: str) -> str:
     return "v" if name in V_SHAPED else "loop"
@@ -132,8 +132,10 @@ def _needs(kind: str, stage: int, mb: int, last: int) -> list[tuple[str, int, in
 
 
 @dataclass
-class PipelineSettings:
-    """Everything a pipelined model needs to know about its schedule and its place in the pipeline."""
+class PipelineRuntime:
+    """What a pipelined model runs with: its schedule, its place in the pipeline, its process group and
+    the strategy's hooks. Runtime state, not user settings (those are ``PipelineConfig``): ``apply_pipeline``
+    fills in ``layout`` and ``ties`` as it cuts the model."""
 
     schedule: str
     num_microbatches: int

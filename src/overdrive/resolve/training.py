@@ -7,21 +7,15 @@ choices.
 
 from __future__ import annotations
 
-import json
-import os
 import warnings
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
-
-import torch
 
 from overdrive.config import (
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
-    DistributedType,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
@@ -35,79 +29,10 @@ from overdrive.config import (
     TorchTensorParallelPlugin,
     field_names,
 )
+from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config  # noqa: F401 - re-exported
 from overdrive.precision import PrecisionPolicy, precision_policy
-from overdrive.runtime import (
-    ProcessInfo,
-    backend_for,
-    detect_process_info,
-    ensure_process_group,
-    select_device,
-)
+from overdrive.resolve.process import ProcessPlan, resolve_process  # noqa: F401 - re-exported
 from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
-
-#: The launcher hands its resolved settings to each worker in this one variable, as JSON.
-LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
-
-
-def launch_config() -> dict[str, Any]:
-    """The settings ``overdrive launch`` resolved for this worker, over those of Accelerate's variables
-    (``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_CPU``, ...: set by ``accelerate launch`` or by hand)."""
-    from overdrive.compat.accelerate_env import settings_from_environment
-
-    from_accelerate = settings_from_environment(os.environ)
-    raw = os.environ.get(LAUNCH_CONFIG_VAR)
-    if not raw:
-        return from_accelerate
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{LAUNCH_CONFIG_VAR} is not valid JSON ({exc}): {raw[:200]!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{LAUNCH_CONFIG_VAR} must hold a JSON object, got {raw[:200]!r}")
-    return {**from_accelerate, **value}
-
-
-@dataclass(frozen=True)
-class ProcessPlan:
-    """Where this process runs: its place in the job, its device and the process-group backend."""
-
-    info: ProcessInfo
-    device: torch.device
-    backend: str | None
-    timeout: timedelta | None = None
-    debug: bool = False
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        if self.info.world_size == 1:
-            return DistributedType.NO
-        if self.device.type == "cpu":
-            return DistributedType.MULTI_CPU
-        if self.device.type == "cuda":
-            return DistributedType.MULTI_GPU
-        try:
-            return DistributedType(f"MULTI_{self.device.type.upper()}")
-        except ValueError:
-            return DistributedType.MULTI_GPU
-
-    def start(self) -> None:
-        """Select the device and join the default process group (once per process)."""
-        if self.device.type != "cpu" and self.device.index is not None:
-            torch.accelerator.set_device_index(self.device.index)
-        ensure_process_group(self.info, self.device, self.backend, self.timeout)
-
-
-def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> ProcessPlan:
-    launched = launch_config()
-    info = detect_process_info()
-    device = select_device(info.local_rank, cpu=cpu or bool(launched.get("cpu", False)))
-    init_kwargs = init_kwargs or InitProcessGroupKwargs()
-    backend = init_kwargs.backend or (backend_for(device) if info.is_distributed else None)
-    debug = bool(launched.get("debug", False)) or os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
-    timeout = init_kwargs.timeout
-    if timeout is None and launched.get("timeout"):  # overdrive launch --timeout
-        timeout = timedelta(seconds=float(launched["timeout"]))
-    return ProcessPlan(info=info, device=device, backend=backend, timeout=timeout, debug=debug)
 
 
 @dataclass(frozen=True)
@@ -278,7 +203,7 @@ def _deepspeed(launched: dict[str, Any], plugin: Any, plugins: Any, mixed_precis
     it is not 1."""
     if plugin is None and plugins is None and str(launched.get("distributed_type", "")).upper() != "DEEPSPEED":
         return None
-    from overdrive.deepspeed.resolve import resolve_deepspeed
+    from overdrive.resolve.deepspeed import resolve_deepspeed
 
     if accumulation_plugin is not None and accumulation_plugin.num_steps is not None:
         steps = accumulation_plugin.num_steps
@@ -315,7 +240,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     if deepspeed is not None:
         mixed_precision = deepspeed.mixed_precision  # the DeepSpeed config may turn it on
     if megatron_lm_plugin is not None:
-        from overdrive.deepspeed.megatron import check_plugin
+        from overdrive.resolve.megatron import check_plugin
 
         check_plugin(megatron_lm_plugin, process.info.world_size, errors)
     precision = None

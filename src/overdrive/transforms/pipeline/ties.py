@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from overdrive.transforms.pipeline_schedule import stage_to_rank
-from overdrive.transforms.pipeline_split import SplitError, StageLayout, stage_of
+from overdrive.transforms.pipeline.schedule import stage_to_rank
+from overdrive.transforms.pipeline.split import SplitError, StageLayout, stage_of
 
 
 @dataclass

@@ -30,9 +30,7 @@ import torch
 from torch import nn
 
 from overdrive.config.pipeline import BALANCE_CHOICES
-
-#: attribute names that hold a model's repeated blocks, in order of preference
-BLOCK_LIST_NAMES = ("layers", "h", "blocks", "layer")
+from overdrive.transforms.blocks import BLOCK_LIST_NAMES, find_block_list, is_block_list, num_parameters
 
 
 class SplitError(ValueError):
@@ -61,28 +59,9 @@ class StageLayout:
         return "; ".join(parts)
 
 
-# -- finding the blocks ------------------------------------------------------------------------------
-def _numel(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def _is_list(module: nn.Module) -> bool:
-    return isinstance(module, (nn.ModuleList, nn.Sequential))
-
-
-def find_block_list(model: nn.Module) -> str | None:
-    """The name of the list of blocks to split (``""`` for a root ``nn.Sequential``), or None."""
-    if isinstance(model, nn.Sequential) and len(model) >= 2:
-        return ""
-    named = [(n, m) for n, m in model.named_modules()
-             if n and _is_list(m) and len(m) >= 2 and n.rsplit(".", 1)[-1] in BLOCK_LIST_NAMES and _numel(m)]
-    if named:
-        return max(named, key=lambda item: (_numel(item[1]), -item[0].count(".")))[0]
-    uniform = [(n, m) for n, m in model.named_modules()
-               if n and _is_list(m) and len(m) >= 2 and len({type(b) for b in m}) == 1 and _numel(m)]
-    if uniform:
-        return max(uniform, key=lambda item: (len(item[1]), _numel(item[1])))[0]
-    return None
+# -- finding the blocks: overdrive.transforms.blocks (one finder for every transform) ----------------
+_numel = num_parameters
+_is_list = is_block_list
 
 
 def _path_modules(model: nn.Module, path: str) -> list[tuple[nn.Module, str]]:

@@ -31,9 +31,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from overdrive.config import DistributedType
-from overdrive.deepspeed.checkpoint import EngineCheckpoint, is_engine
-from overdrive.deepspeed.config import engine_config
-from overdrive.deepspeed.resolve import DeepSpeedSettings
+from overdrive.resolve.deepspeed import DeepSpeedSettings
+from overdrive.strategies.deepspeed.checkpoint import EngineCheckpoint, is_engine
+from overdrive.strategies.deepspeed.ds_config import engine_config
 
 
 class DeepSpeedStrategy:
@@ -55,7 +55,7 @@ class DeepSpeedStrategy:
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """Build the engine for the model, optimizer and scheduler among ``objects`` (one of each at most);
         return ``objects`` with the engine, its optimizer and its scheduler in their places."""
-        from overdrive.deepspeed.objects import DummyOptim, DummyScheduler
+        from overdrive.strategies.deepspeed.objects import DummyOptim, DummyScheduler
 
         for obj in objects:
             if isinstance(obj, DataLoader):
@@ -84,7 +84,10 @@ class DeepSpeedStrategy:
         result = list(objects)
         result[models[0]] = engine
         if optimizers or schedulers:
-            from overdrive.deepspeed.objects import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
+            from overdrive.strategies.deepspeed.objects import (
+                DeepSpeedOptimizerWrapper,
+                DeepSpeedSchedulerWrapper,
+            )
 
             wrapper = DeepSpeedOptimizerWrapper(ds_optimizer)
             if optimizers:
@@ -101,7 +104,7 @@ class DeepSpeedStrategy:
             self._batch_sizes.append(size)
 
     def _build(self, model: nn.Module, optimizer: Any, scheduler: Any) -> tuple[Any, Any, Any]:
-        from overdrive.deepspeed import import_deepspeed
+        from overdrive.config.deepspeed import import_deepspeed
 
         deepspeed = import_deepspeed()
         plugin = self.settings.selected()
@@ -205,15 +208,15 @@ def _world_size() -> int:
 
 
 def _plain_optimizer(obj: Any) -> bool:
-    from overdrive.deepspeed.objects import DeepSpeedOptimizerWrapper
     from overdrive.optimizer import AcceleratedOptimizer
+    from overdrive.strategies.deepspeed.objects import DeepSpeedOptimizerWrapper
 
     return isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, (DeepSpeedOptimizerWrapper,
                                                                            AcceleratedOptimizer))
 
 
 def _plain_scheduler(obj: Any) -> bool:
-    from overdrive.deepspeed.objects import DeepSpeedSchedulerWrapper
+    from overdrive.strategies.deepspeed.objects import DeepSpeedSchedulerWrapper
 
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) and not isinstance(obj, DeepSpeedSchedulerWrapper)
 
@@ -222,7 +225,7 @@ def _optimizer_parts(plugin: Any, optimizer: Any, scheduler: Any,
                      problems: list[str]) -> tuple[Any, Any, dict[str, Any]]:
     """(the optimizer DeepSpeed uses as it is, the parameters it builds the config's optimizer on, the values
     that fill the config's "auto")."""
-    from overdrive.deepspeed.objects import DummyOptim, DummyScheduler
+    from overdrive.strategies.deepspeed.objects import DummyOptim, DummyScheduler
 
     source, in_config = plugin.config_source, "optimizer" in plugin.deepspeed_config
     if isinstance(optimizer, DummyOptim):
@@ -246,7 +249,7 @@ def _optimizer_parts(plugin: Any, optimizer: Any, scheduler: Any,
 def _scheduler_parts(plugin: Any, scheduler: Any, lr: float | None, split_batches: bool,
                      problems: list[str]) -> tuple[Any, dict[str, Any]]:
     """(the scheduler, or callable building it, that DeepSpeed uses; the values that fill the config's "auto")."""
-    from overdrive.deepspeed.objects import DummyScheduler
+    from overdrive.strategies.deepspeed.objects import DummyScheduler
 
     source, in_config = plugin.config_source, "scheduler" in plugin.deepspeed_config
     if not isinstance(scheduler, DummyScheduler):

@@ -7,7 +7,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from overdrive.deepspeed.config import _MISSING, AUTO, get_path
+from overdrive.config.deepspeed_json import _MISSING, AUTO, get_path
 
 
 @dataclass(frozen=True)

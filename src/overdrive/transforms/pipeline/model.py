@@ -30,10 +30,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from overdrive.transforms import pipeline_schedule as schedules
-from overdrive.transforms.pipeline_schedule import PipelineSettings
-from overdrive.transforms.pipeline_split import StageLayout, build_stage_model, plan_stages, stage_blocks
-from overdrive.transforms.pipeline_ties import find_tied_parameters, place_ties, summed_tied_gradients
+from overdrive.transforms.pipeline import schedule as schedules
+from overdrive.transforms.pipeline.schedule import PipelineRuntime
+from overdrive.transforms.pipeline.split import StageLayout, build_stage_model, plan_stages, stage_blocks
+from overdrive.transforms.pipeline.ties import find_tied_parameters, place_ties, summed_tied_gradients
 
 #: the one keyword the model's inputs travel under through torch's schedule (split per micro-batch)
 INPUTS = "overdrive_pipeline_inputs"
@@ -175,7 +175,7 @@ class PipelinedModel(nn.Module):
     """The prepared model: a view of this rank's stages under the original parameter names, whose forward
     runs one schedule step. See the module docstring."""
 
-    def __init__(self, stages: list[StageModule], wrapped: list[nn.Module], settings: PipelineSettings) -> None:
+    def __init__(self, stages: list[StageModule], wrapped: list[nn.Module], settings: PipelineRuntime) -> None:
         super().__init__()
         view = merged_view([s.stage_model for s in stages])
         for key in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
@@ -364,7 +364,7 @@ def merged_view(models: list[nn.Module]) -> nn.Module:
     holders = [m for m in models if any(True for _ in m.parameters())]
     if len({id(m) for m in holders}) <= 1:
         return holders[0] if holders else first
-    from overdrive.transforms.pipeline_split import shallow_copy
+    from overdrive.transforms.pipeline.split import shallow_copy
 
     view = shallow_copy(first)
     own = [m for m in holders if any(True for _ in m.parameters(recurse=False))]
@@ -376,7 +376,7 @@ def merged_view(models: list[nn.Module]) -> nn.Module:
     return view
 
 
-def apply_pipeline(model: nn.Module, settings: PipelineSettings,
+def apply_pipeline(model: nn.Module, settings: PipelineRuntime,
                    wrap_stage: Callable[[nn.Module], nn.Module]) -> PipelinedModel:
     """Cut ``model`` into ``settings.num_stages`` stages, build this rank's stages, wrap each with
     ``wrap_stage`` (data / tensor parallel, precision) and return the ``PipelinedModel``."""

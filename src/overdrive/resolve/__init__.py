@@ -1,0 +1,44 @@
+"""The resolver: constructor arguments + the launch config + the environment -> frozen, typed plans.
+
+Besides the launcher and the CLI, this package is the only place that reads ``os.environ``. Every problem
+is reported at once, each naming the value given and the valid choices. One file per step:
+
+- ``process``: where this process runs (``ProcessPlan``, ``resolve_process``); used by ``PartialState``
+- ``training``: everything an ``Accelerator`` does differently from plain PyTorch (``TrainingPlan``)
+- ``deepspeed``, ``megatron``: the steps for those plugins
+
+Names are imported on first use, so ``PartialState`` loads ``process`` without the rest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from overdrive._lazy import lazy_exports
+
+_EXPORTS = {
+    "LAUNCH_CONFIG_VAR": "overdrive.launchers.protocol",
+    "launch_config": "overdrive.launchers.protocol",
+    "ProcessPlan": "overdrive.resolve.process",
+    "resolve_process": "overdrive.resolve.process",
+    "AccumulationPlan": "overdrive.resolve.training",
+    "TrainingPlan": "overdrive.resolve.training",
+    "resolve_parallelism": "overdrive.resolve.training",
+    "resolve_training": "overdrive.resolve.training",
+    "split_kwargs_handlers": "overdrive.resolve.training",
+    "DeepSpeedSettings": "overdrive.resolve.deepspeed",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config
+    from overdrive.resolve.deepspeed import DeepSpeedSettings
+    from overdrive.resolve.process import ProcessPlan, resolve_process
+    from overdrive.resolve.training import (
+        AccumulationPlan,
+        TrainingPlan,
+        resolve_parallelism,
+        resolve_training,
+        split_kwargs_handlers,
+    )

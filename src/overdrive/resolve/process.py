@@ -1,0 +1,62 @@
+"""The resolver's first step: where this process runs (its place in the job, its device, its backend)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from overdrive.config import DistributedType, InitProcessGroupKwargs
+from overdrive.launchers.protocol import launch_config
+from overdrive.runtime import (
+    ProcessInfo,
+    backend_for,
+    detect_process_info,
+    ensure_process_group,
+    select_device,
+)
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """Where this process runs: its place in the job, its device and the process-group backend."""
+
+    info: ProcessInfo
+    device: torch.device
+    backend: str | None
+    timeout: timedelta | None = None
+    debug: bool = False
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if self.info.world_size == 1:
+            return DistributedType.NO
+        if self.device.type == "cpu":
+            return DistributedType.MULTI_CPU
+        if self.device.type == "cuda":
+            return DistributedType.MULTI_GPU
+        try:
+            return DistributedType(f"MULTI_{self.device.type.upper()}")
+        except ValueError:
+            return DistributedType.MULTI_GPU
+
+    def start(self) -> None:
+        """Select the device and join the default process group (once per process)."""
+        if self.device.type != "cpu" and self.device.index is not None:
+            torch.accelerator.set_device_index(self.device.index)
+        ensure_process_group(self.info, self.device, self.backend, self.timeout)
+
+
+def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> ProcessPlan:
+    launched = launch_config()
+    info = detect_process_info()
+    device = select_device(info.local_rank, cpu=cpu or bool(launched.get("cpu", False)))
+    init_kwargs = init_kwargs or InitProcessGroupKwargs()
+    backend = init_kwargs.backend or (backend_for(device) if info.is_distributed else None)
+    debug = bool(launched.get("debug", False)) or os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
+    timeout = init_kwargs.timeout
+    if timeout is None and launched.get("timeout"):  # overdrive launch --timeout
+        timeout = timedelta(seconds=float(launched["timeout"]))
+    return ProcessPlan(info=info, device=device, backend=backend, timeout=timeout, debug=debug)

@@ -1,0 +1,192 @@
+"""The package's layers: no module imports from a layer above its own, and no import cycle, counting the
+imports inside functions too (only ``if TYPE_CHECKING:`` blocks are left out: they never run).
+
+To add a module: a file inside an existing package takes that package's layer (the longest matching
+prefix in ``LAYERS``); a new top-level module or package needs one entry below. ARCHITECTURE.md explains
+the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+#: Lowest first. A module may import from its own layer and the layers below; the longest prefix decides
+#: a module's layer. Compat modules (Accelerate's dotted paths, re-exports only) sit on top.
+LAYERS: list[tuple[str, ...]] = [
+    # 0 plain values and leaf helpers: import nothing above
+    ("overdrive.config", "overdrive._lazy", "overdrive._version", "overdrive.launchers.protocol",
+     "overdrive.compat.accelerate_env"),
+    # 1 helpers over torch alone
+    ("overdrive.ops", "overdrive.logging", "overdrive.utils.misc", "overdrive.utils.random",
+     "overdrive.utils.memory", "overdrive.compat.imports", "overdrive.compat.environment"),
+    ("overdrive.runtime",),
+    ("overdrive.precision",),
+    ("overdrive.transforms",),
+    ("overdrive.tracking",),
+    ("overdrive.resolve",),
+    ("overdrive.state", "overdrive.accumulation", "overdrive.prepared"),
+    ("overdrive.data", "overdrive.optimizer", "overdrive.scheduler", "overdrive.profiling"),
+    ("overdrive.strategies",),
+    ("overdrive.checkpoint", "overdrive.big_model"),
+    ("overdrive.accelerator", "overdrive.local_sgd"),
+    ("overdrive.launchers",),
+    ("overdrive.cli",),
+    # compat: re-exports at Accelerate's dotted paths, the old paths of moved modules, the lazy public surface
+    ("overdrive", "overdrive.compat", "overdrive.utils", "overdrive.deepspeed", "overdrive.hooks",
+     "overdrive.big_modeling", "overdrive.inference", "overdrive.checkpointing", "overdrive.commands",
+     "overdrive.data_loader", "overdrive.parallelism_config", "overdrive.test_utils", "overdrive.monitor",
+     "overdrive.progress"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted((SRC / "overdrive").rglob("*.py"))}
+
+
+def layer_of(module: str) -> int | None:
+    """The index in ``LAYERS`` of the longest prefix matching ``module`` (None: no entry)."""
+    best, best_len = None, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            # the root package matches itself only: a new top-level module needs its own entry
+            covers = module == prefix or (prefix != "overdrive" and module.startswith(prefix + "."))
+            if covers and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    return best
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if _type_checking_only(node):
+            stack.extend(getattr(node, "orelse", []))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def imports_of(module: str) -> set[tuple[str, int]]:
+    """The overdrive modules ``module`` imports (as ``(target, line)``), resolved to existing modules."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets: set[tuple[str, int]] = set()
+    for node in _import_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            # "from pkg import sub" imports the submodule pkg.sub when there is one
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name.startswith("overdrive") and name != module:
+                targets.add((name, node.lineno))
+    return targets
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = [m for m in MODULES if layer_of(m) is None]
+    assert not missing, f"modules without a layer: {missing}; add them to LAYERS in {__file__}"
+
+
+def test_no_upward_imports() -> None:
+    upward = []
+    for module, targets in GRAPH.items():
+        for target, line in sorted(targets):
+            low, high = layer_of(module), layer_of(target)
+            if low is not None and high is not None and high > low:
+                upward.append(f"{module}:{line} imports {target} (layer {high} {LAYERS[high][0]} is above "
+                              f"layer {low} {LAYERS[low][0]})")
+    assert not upward, "imports that run upward:\n  " + "\n  ".join(upward)
+
+
+def _cycles() -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each a cycle or a knot of them."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target, _ in GRAPH[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in GRAPH:
+        if module not in index:
+            visit(module)
+    return groups
+
+
+def _is_package_init(module: str, target: str) -> bool:
+    """A package importing its own submodules, and they importing a sibling through the package: the
+    package's ``__init__`` only gathers names, so this is not a cycle between layers of code."""
+    return MODULES[target].name == "__init__.py" and module.startswith(target + ".")
+
+
+def test_no_import_cycles() -> None:
+    cycles = []
+    for group in _cycles():
+        members = set(group)
+        edges = [f"{m}:{line} -> {t}" for m in group for t, line in sorted(GRAPH[m])
+                 if t in members and not _is_package_init(m, t)]
+        cycles.append(", ".join(group) + "\n      " + "\n      ".join(edges))
+    assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
+
+
+def test_importing_data_does_not_load_the_resolver() -> None:
+    """The data loaders need the process's place (``PartialState``, which resolves only that step,
+    ``resolve.process``), never the training resolver nor what it pulls in."""
+    import subprocess
+    import sys
+
+    code = ("import sys, overdrive.data; "
+            "print(sorted(m for m in sys.modules if m.startswith(('overdrive.resolve.training', "
+            "'overdrive.resolve.deepspeed', 'overdrive.strategies', 'overdrive.transforms', 'overdrive.tracking', "
+            "'overdrive.accelerator', 'overdrive.checkpoint'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
