@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Set up a virtual environment (torch 2.13.0 CPU, overdrive, test tools) and run lint and the tests.
+# Set up a virtual environment (torch 2.13.0 CPU, overdrive, test tools) and run lint, the type check and the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[test]"
 .venv/bin/ruff check src tests bench examples
+# types over src/ (configuration and baseline: [tool.basedpyright] in pyproject.toml)
+.venv/bin/basedpyright --pythonpath .venv/bin/python
 .venv/bin/python -m pytest "$@"

@@ -43,7 +43,7 @@ def _items(module: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _candidates(model: nn.Module) -> Iterable[tuple[str, nn.Module, list[tuple[str, nn.Module]]]]:
     for name, module in model.named_modules():
-        if is_block_list(module) and len(module) >= 2:
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) >= 2:
             items = _items(module)
             if items:
                 yield name, module, items
