@@ -21,142 +21,55 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-MMAP_THRESHOLD = "131072"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _model(dim: int, layers: int, vocab: int) -> Any:
-    import torch
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-            self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
-            self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-            self.heads = max(1, dim // 64)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, s, _ = x.shape
-            h = self.norm1(x)
-            q, k, v = (p(h).view(b, s, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
-            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.o(a.transpose(1, 2).reshape(b, s, dim))
-            return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(vocab, dim)
-            self.layers = nn.ModuleList(Block() for _ in range(layers))
-            self.head = nn.Linear(dim, vocab, bias=False)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            x = self.embed(ids)
-            for layer in self.layers:
-                x = layer(x)
-            return self.head(x)
-
-    torch.manual_seed(0)
-    return Model()
-
-
-def _local_bytes(tensor: Any) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local.numel() * local.element_size()
-
-
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
+sys.path.insert(0, str(Path(__file__).parent))
+from memory_harness import (  # noqa: E402 - the harness the memory benchmarks share
+    MMAP_THRESHOLD,
+    join_group,
+    leave_group,
+    local_bytes,
+    peak_rss,
+    rss,
+    run_layout,
+    timed_steps,
+    transformer,
+)
 
 
 def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namespace, queue: Any) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    join_group(rank, world, port)
     import torch
 
-    torch.set_num_threads(1)
     from overdrive import Accelerator
     from overdrive.config import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin() if layout == "fsdp2" else None
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
-    model = _model(args.dim, args.layers, args.vocab)
+    model = transformer(args.dim, args.layers, args.vocab)
     num_params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, optimizer = accelerator.prepare(model, optimizer)
-    setup_rss = _rss()
-    peak = [setup_rss]
-    running = [True]
+    setup_rss = rss()
+    counted: dict[str, int] = {}
 
-    def sample() -> None:
-        while running[0]:
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    g = torch.Generator().manual_seed(rank)
-    times, counted = [], {}
-    for step in range(args.steps + 1):
-        ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
-        start = time.perf_counter()
-        logits = model(ids)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab), ids.reshape(-1))
-        accelerator.backward(loss)
-        optimizer.step()
+    def count(step: int) -> None:
         if step == args.steps:  # count the state at rest, gradients still held
             params = list(accelerator.unwrap_model(model).parameters())
-            counted = {
-                "params": sum(_local_bytes(p) for p in params),
-                "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-                "optimizer": sum(_local_bytes(v) for state in optimizer.state.values() for v in state.values()
-                                 if isinstance(v, torch.Tensor) and v.ndim > 0),
-            }
-        optimizer.zero_grad()
-        if step:
-            times.append(time.perf_counter() - start)
-    running[0] = False
-    thread.join()
+            counted.update(
+                params=sum(local_bytes(p) for p in params),
+                grads=sum(local_bytes(p.grad) for p in params if p.grad is not None),
+                optimizer=sum(local_bytes(v) for state in optimizer.state.values() for v in state.values()
+                              if isinstance(v, torch.Tensor) and v.ndim > 0))
+
+    with peak_rss() as peak:
+        times, _ = timed_steps(accelerator, model, optimizer, args, rank, before_zero_grad=count)
     queue.put((rank, {**counted, "num_params": num_params, "setup_rss": setup_rss, "peak_rss": peak[0],
                       "step_s": statistics.median(times)}))
-    accelerator.wait_for_everyone()
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
-
-
-def run_layout(layout: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD  # read by glibc when each worker starts
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, args.world, port, layout, args, queue)) for r in range(args.world)]
-    for proc in procs:
-        proc.start()
-    results = dict(queue.get(timeout=args.timeout) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=30)
-    return [results[r] for r in range(args.world)]
+    leave_group(accelerator)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     mb = 1 / 2**20
     rows, everything = [], {}
     for layout in ("ddp", "fsdp2"):
-        per_rank = run_layout(layout, args)
+        per_rank = run_layout(_worker, layout, args)
         everything[layout] = per_rank
         worst = max(per_rank, key=lambda r: r["params"] + r["grads"] + r["optimizer"])
         rows.append((layout, worst, max(r["peak_rss"] for r in per_rank), statistics.median(

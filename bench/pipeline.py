@@ -38,7 +38,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fsdp_memory import MMAP_THRESHOLD, _free_port, _local_bytes, _model, _rss  # noqa: E402
+from memory_harness import MMAP_THRESHOLD  # noqa: E402
+from memory_harness import free_port as _free_port
+from memory_harness import local_bytes as _local_bytes
+from memory_harness import rss as _rss
+from memory_harness import transformer as _model  # noqa: E402
 
 SCHEDULES = [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("LoopedBFS", 2), ("InterleavedZeroBubble", 2),
              ("ZBVZeroBubble", 2), ("DualPipeV", 2)]

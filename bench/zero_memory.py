@@ -27,31 +27,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fsdp_memory import MMAP_THRESHOLD, _model  # noqa: E402 - the same model as the FSDP2 benchmark
+from memory_harness import (  # noqa: E402 - the harness the memory benchmarks share (same model as fsdp_memory)
+    MMAP_THRESHOLD,
+    join_group,
+    leave_group,
+    peak_rss,
+    rss,
+    run_layout,
+    timed_steps,
+    transformer,
+)
 
 LAYOUTS = ("ddp", "fsdp2", "zero2", "zero3")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
 
 
 def _accelerator(layout: str, args: argparse.Namespace) -> Any:
@@ -92,64 +85,20 @@ def _held_bytes(accelerator: Any, model: Any, optimizer: Any) -> dict[str, int]:
 
 
 def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namespace, queue: Any) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_LOG_LEVEL="error")
+    join_group(rank, world, port, DS_LOG_LEVEL="error")
     import torch
 
-    torch.set_num_threads(1)
     accelerator = _accelerator(layout, args)
-    model = _model(args.dim, args.layers, args.vocab)
+    model = transformer(args.dim, args.layers, args.vocab)
     num_params = sum(p.numel() for p in model.parameters())
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
-    setup_rss = _rss()
-    peak = [setup_rss]
-    running = [True]
-
-    def sample() -> None:
-        while running[0]:
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    g = torch.Generator().manual_seed(rank)
-    times, losses = [], []
-    for step in range(args.steps + 1):
-        ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
-        start = time.perf_counter()
-        logits = model(ids)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab), ids.reshape(-1))
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        if step:
-            times.append(time.perf_counter() - start)
-        losses.append(loss.item())
-    running[0] = False
-    thread.join()
+    setup_rss = rss()
+    with peak_rss() as peak:
+        times, losses = timed_steps(accelerator, model, optimizer, args, rank)
     queue.put((rank, {**_held_bytes(accelerator, model, optimizer), "num_params": num_params,
                       "setup_rss": setup_rss, "peak_rss": peak[0], "step_s": statistics.median(times),
                       "losses": losses}))
-    accelerator.wait_for_everyone()
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
-
-
-def run_layout(layout: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD  # read by glibc when each worker starts
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, args.world, port, layout, args, queue)) for r in range(args.world)]
-    for proc in procs:
-        proc.start()
-    results = dict(queue.get(timeout=args.timeout) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=30)
-    return [results[r] for r in range(args.world)]
+    leave_group(accelerator)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     mb = 1 / 2**20
-    everything = {layout: run_layout(layout, args) for layout in args.layouts}
+    everything = {layout: run_layout(_worker, layout, args) for layout in args.layouts}
     first = next(iter(everything.values()))[0]
     print(f"{first['num_params'] / 1e6:.1f}M parameters, AdamW, fp32, {args.world} ranks, batch {args.batch}x{args.seq} "
           f"per rank, ZeRO buckets: {args.deepspeed_buckets}, MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}\n")

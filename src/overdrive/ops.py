@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 
 def is_torch_tensor(value: Any) -> bool:
+    """Whether ``tensor`` is a ``torch.Tensor``."""
     return isinstance(value, torch.Tensor)
 
 
@@ -94,6 +95,7 @@ def is_namedtuple(data: Any) -> bool:
 
 
 def is_tensor_information(data: Any) -> bool:
+    """Whether ``data`` is a ``TensorInformation`` (the shape and dtype standing for a tensor)."""
     return isinstance(data, TensorInformation)
 
 

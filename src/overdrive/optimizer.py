@@ -35,6 +35,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # -- delegated state ----------------------------------------------------------------------------
     @property
     def state(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's state."""
         return self.optimizer.state
 
     @state.setter
@@ -43,6 +44,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The wrapped optimizer's parameter groups."""
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -51,6 +53,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's defaults."""
         return self.optimizer.defaults
 
     @defaults.setter
@@ -72,6 +75,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.optimizer.train()
 
     def eval(self) -> None:
+        """Put the wrapped optimizer in evaluation mode when it has one (schedule-free optimizers)."""
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()
 

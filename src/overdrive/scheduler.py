@@ -29,6 +29,9 @@ class AcceleratedScheduler:
         self.gradient_state = gradient_state or GradientState()
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Step the wrapped scheduler only when the optimizers really stepped (not inside an
+        accumulation window, not after a skipped fp16 step); once per process unless ``split_batches``, as
+        Accelerate does."""
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
@@ -44,18 +47,23 @@ class AcceleratedScheduler:
                 self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
+        """The wrapped scheduler's last learning rates."""
         return self.scheduler.get_last_lr()
 
     def get_lr(self) -> Any:
+        """The wrapped scheduler's learning rates."""
         return self.scheduler.get_lr()
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped scheduler's state."""
         return self.scheduler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped scheduler's state."""
         self.scheduler.load_state_dict(state_dict)
 
     def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped scheduler's ``print_lr``."""
         return self.scheduler.print_lr(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -87,13 +87,16 @@ class DeepSpeedPlugin:
         return get_path(self.deepspeed_config, key, default)
 
     def is_auto(self, key: str) -> bool:
+        """Whether the config's value at the dotted ``key`` is still "auto"."""
         return self.get_value(key) == "auto"
 
     @property
     def zero_stage_in_use(self) -> int:
+        """The ZeRO stage the config asks for (0 when it names none)."""
         return zero_stage_of(self.deepspeed_config)
 
     def is_zero3_init_enabled(self) -> bool:
+        """Whether modules should be built already sharded (``zero3_init_flag`` with ZeRO stage 3)."""
         return bool(self.zero3_init_flag) and self.zero_stage_in_use == 3
 
     def zero3_init_context_manager(self, enable: bool = False) -> Any:

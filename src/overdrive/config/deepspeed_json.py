@@ -119,6 +119,7 @@ def get_path(config: dict[str, Any], path: str, default: Any = None) -> Any:
 
 
 def set_path(config: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``config["a"]["b"] = value`` for ``"a.b"``, creating the dicts on the way."""
     *parents, last = path.split(".")
     node = config
     for part in parents:
@@ -164,6 +165,7 @@ def apply_fields(plugin: Any, config: dict[str, Any], source: str) -> list[str]:
 
 # -- checking ------------------------------------------------------------------------------------------
 def zero_stage_of(config: dict[str, Any]) -> int:
+    """The ZeRO stage in ``config`` (0 when absent or not an integer)."""
     stage = get_path(config, "zero_optimization.stage", 0)
     return stage if isinstance(stage, int) and not isinstance(stage, bool) else 0
 

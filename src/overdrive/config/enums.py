@@ -37,6 +37,7 @@ class PrecisionType(_StrEnum):
 
     @classmethod
     def list(cls) -> list[str]:
+        """The values, as strings."""
         return [member.value for member in cls]
 
 

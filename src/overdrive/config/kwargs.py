@@ -15,9 +15,11 @@ class KwargsHandler:
     """Base of the ``*Kwargs`` dataclasses: ``to_kwargs()`` gives the fields that differ from defaults."""
 
     def to_dict(self) -> dict[str, Any]:
+        """A deep copy of the fields, by name."""
         return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
+        """The fields whose values differ from the defaults (what is passed on to PyTorch)."""
         default = self.__class__().to_dict()  # type: ignore[call-arg]
         return {k: v for k, v in self.to_dict().items() if default.get(k) != v}
 

@@ -22,6 +22,7 @@ def schedule_name(name: str) -> str | None:
 
 
 def default_stages_per_rank(name: str) -> int:
+    """Stages each rank holds by default under schedule ``name``: 1, or 2 for multi-stage schedules."""
     return 1 if name in SINGLE else 2
 
 

@@ -44,6 +44,7 @@ class ProjectConfiguration:
     async_save: bool = False
 
     def set_directories(self, project_dir: str | None = None) -> None:
+        """Set ``project_dir`` (and ``logging_dir`` when it has none)."""
         self.project_dir = project_dir
         if self.logging_dir is None:
             self.logging_dir = project_dir

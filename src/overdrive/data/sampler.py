@@ -285,6 +285,7 @@ class DispatchBatchSampler(Sampler[list[int]]):
         self.skip_steps = 0
 
     def set_epoch(self, epoch: int) -> None:
+        """Pass the epoch on to the shard of batches it dispatches (its order follows the epoch)."""
         self.shard.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -340,10 +341,12 @@ class IterableDatasetShard(IterableDataset):
 
     @property
     def per_process_batch_size(self) -> int:
+        """The batch size each process gets."""
         return self.batch_size // self.num_processes if self.split_batches else self.batch_size
 
     @property
     def total_batch_size(self) -> int:
+        """The batch size over all processes."""
         return self.batch_size if self.split_batches else self.batch_size * self.num_processes
 
     def set_epoch(self, epoch: int) -> None:

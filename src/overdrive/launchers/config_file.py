@@ -431,6 +431,7 @@ class ConfigSource:
     reason: str
 
     def describe(self) -> str:
+        """Where the config came from, for messages."""
         return f"{self.path} ({self.reason})" if self.path else self.reason
 
 

@@ -64,6 +64,7 @@ class LaunchPlan:
 
     @property
     def processes_per_machine(self) -> int:
+        """The processes torchrun starts on each machine."""
         return self.num_processes // self.num_machines
 
 
@@ -259,9 +260,11 @@ class StderrCopier:
         self._thread = threading.Thread(target=self._loop, name="overdrive-stderr", daemon=True)
 
     def start(self) -> None:
+        """Start copying in a background thread."""
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop copying and wait for the thread."""
         if not self._done.is_set():
             self._done.set()
             self._thread.join(timeout=5)
@@ -333,6 +336,7 @@ def _failure_time(failure: Any, log_dir: str) -> float:
 
 
 def describe_exit(exitcode: int) -> str:
+    """``exitcode`` in words: "exited with code N" or "was killed by SIGNAME"."""
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name

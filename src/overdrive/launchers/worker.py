@@ -38,6 +38,7 @@ def die_with_parent(launcher_pid: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run ``python -m overdrive.launchers.worker {script|module|program} TARGET ARGS...`` (see the module)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2 or argv[0] not in ("script", "module", "program"):
         raise SystemExit("usage: python -m overdrive.launchers.worker {script|module|program} TARGET [ARGS...]")

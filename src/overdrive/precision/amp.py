@@ -74,6 +74,7 @@ class AmpPrecision:
                 model.register_forward_hook(leave, always_call=True)]
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, through the gradient scaler under fp16."""
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)

@@ -26,6 +26,7 @@ class PrecisionPolicy:
 
     @property
     def enabled(self) -> bool:
+        """Whether autocast runs (a compute dtype is set)."""
         return self.compute_dtype is not None
 
 

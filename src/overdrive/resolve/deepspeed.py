@@ -23,6 +23,7 @@ class DeepSpeedSettings:
     local_rank: int = 0
 
     def selected(self) -> Any:
+        """The plugin the next ``prepare()`` builds an engine with (the first unless one was selected)."""
         return next((p for p in self.plugins.values() if p.selected), next(iter(self.plugins.values())))
 
 

@@ -31,6 +31,7 @@ class ProcessPlan:
 
     @property
     def distributed_type(self) -> DistributedType:
+        """How the run is parallel, as Accelerate names it (descriptive only)."""
         if self.info.world_size == 1:
             return DistributedType.NO
         if self.device.type == "cpu":
@@ -50,6 +51,7 @@ class ProcessPlan:
 
 
 def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> ProcessPlan:
+    """Where this process runs: its place in the job (torchrun, SLURM, MPI...), its device and backend."""
     launched = launch_config()
     info = detect_process_info()
     device = select_device(info.local_rank, cpu=cpu or bool(launched.get("cpu", False)))

@@ -225,6 +225,8 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
                      parallelism_config: ParallelismConfig | None = None,
                      tp_plugin: TorchTensorParallelPlugin | None = None, deepspeed_plugin: Any = None,
                      deepspeed_plugins: Any = None, megatron_lm_plugin: Any = None) -> TrainingPlan:
+    """The frozen ``TrainingPlan`` for the Accelerator's arguments, the launch config and the
+    environment; every problem is reported at once in one ``ValueError``."""
     launched = launch_config()
     errors: list[str] = []
     fsdp_label = "fsdp_plugin" if fsdp_plugin is not None else "the launch config's FSDP (distributed_type: FSDP)"

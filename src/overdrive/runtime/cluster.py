@@ -30,6 +30,7 @@ class ProcessInfo:
 
     @property
     def is_distributed(self) -> bool:
+        """Whether the job has more than one process."""
         return self.world_size > 1
 
 

@@ -49,6 +49,7 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
+        """The product of the axis sizes."""
         return math.prod(getattr(self, a) for a in AXES)
 
     @property
@@ -58,9 +59,11 @@ class ParallelDims:
 
     @property
     def enabled_axes(self) -> tuple[str, ...]:
+        """The axes whose size is above 1."""
         return tuple(a for a in AXES if getattr(self, a) > 1)
 
     def describe(self) -> str:
+        """The axes above 1 as text, e.g. ``dp_shard=2 x tp=2`` (``one process`` when none)."""
         return " x ".join(f"{a}={getattr(self, a)}" for a in AXES if getattr(self, a) > 1) or "one process"
 
 
@@ -152,6 +155,7 @@ class ParallelMesh:
         return self._named.get(axis)
 
     def size(self, axis: str) -> int:
+        """The size of ``axis`` or of a flattened axis (1 when it is not there)."""
         return self.dims.size(axis)
 
     def rank(self, axis: str) -> int:

@@ -110,6 +110,7 @@ class Watchdog:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop watching (the process group is closing)."""
         self._stop.set()
 
     def _seq(self) -> int:
@@ -128,6 +129,8 @@ class Watchdog:
                 return
 
     def answer(self, store: Any, skip: int | None = None, stack: str | None = None) -> dict[str, Any]:
+        """Write this rank's state (last collective, sequence number, stack) to ``store`` for the
+        rank that timed out, and return it."""
         self._answered = True
         reply = {"rank": self.rank, "seq": self._seq(), "last": _last_collective(), "pid": os.getpid(),
                  "host": socket.gethostname(), "stack": stack if stack is not None else _stacks(skip)}

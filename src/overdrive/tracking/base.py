@@ -369,6 +369,7 @@ def flatten(values: Mapping[str, Any], prefix: str = "", sep: str = "/") -> dict
 
 
 def is_number(value: Any) -> bool:
+    """Whether ``value`` is a number a tracker can plot (not complex)."""
     return isinstance(value, numbers.Number) and not isinstance(value, complex)
 
 

@@ -104,6 +104,7 @@ class ProgressBar:
             self._tqdm.set_postfix(self.postfix, refresh=refresh)
 
     def set_description(self, desc: str) -> None:
+        """Change the text before the bar."""
         self.desc = desc
         if self._tqdm is not None:
             self._tqdm.set_description(desc)
@@ -118,6 +119,7 @@ class ProgressBar:
             print(message, file=self.file, flush=True)
 
     def close(self) -> None:
+        """Close the bar (showing the final count); later calls do nothing."""
         if self._closed:
             return
         self._closed = True

@@ -59,6 +59,7 @@ def is_conv1d(module: nn.Module) -> bool:
 
 
 def is_projection(module: nn.Module) -> bool:
+    """Whether ``module`` is a projection tensor parallel can split (a Linear, or GPT-2's Conv1D)."""
     return isinstance(module, nn.Linear) or is_conv1d(module)
 
 

@@ -199,6 +199,7 @@ class PipelinedModel(nn.Module):
 
     @property
     def stage_models(self) -> list[nn.Module]:
+        """The stage modules this rank runs, in stage order."""
         return [s.stage_model for s in self.stage_modules]
 
     # -- one step ----------------------------------------------------------------------------------

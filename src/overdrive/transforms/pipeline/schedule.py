@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from overdrive.transforms.pipeline.split import StageLayout
 
 def stage_style(name: str) -> str:
+    """How schedule ``name`` places stages on ranks: ``"v"`` (V-shaped) or ``"loop"``."""
     return "v" if name in V_SHAPED else "loop"
 
 
@@ -163,14 +164,17 @@ class PipelineRuntime:
 
     @property
     def num_stages(self) -> int:
+        """Stages in the whole pipeline: ranks x stages per rank."""
         return self.pp_size * self.stages_per_rank
 
     @property
     def style(self) -> str:
+        """How stages map to ranks: ``"loop"`` or ``"v"``."""
         return stage_style(self.schedule)
 
     @property
     def local_stages(self) -> list[int]:
+        """The stage indices this rank holds."""
         return local_stages(self.pp_rank, self.pp_size, self.stages_per_rank, self.style)
 
     @property

@@ -49,9 +49,11 @@ class StageLayout:
 
     @property
     def num_stages(self) -> int:
+        """The number of stages."""
         return len(self.bounds)
 
     def describe(self) -> str:
+        """The blocks of each stage, as text for messages."""
         parts = []
         for s, (start, stop) in enumerate(self.bounds):
             names = f"{self.block_names[start]}..{self.block_names[stop - 1]}"
