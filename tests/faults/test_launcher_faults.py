@@ -122,3 +122,27 @@ def test_a_launched_worker_runs_the_script_as_python_would(tmp_path):
                             capture_output=True, text=True, timeout=30, cwd=Path(__file__).parent)
     assert result.stdout.strip() == f"__main__ {[str(script), 'a', '-b']} True", result.stderr
     assert callable(main)
+
+
+def _timeouts() -> dict:
+    from datetime import timedelta
+
+    from overdrive import Accelerator, InitProcessGroupKwargs
+    from overdrive.runtime import watchdog
+
+    Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=7))])
+    import torch
+
+    backend = torch.distributed.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    return {"watchdog": watchdog.active().timeout.total_seconds(), "group": backend.options._timeout.total_seconds()}
+
+
+def test_init_process_group_kwargs_timeout_reaches_the_group_and_the_watchdog():
+    from distributed import run_distributed
+    from overdrive.runtime.process_group import default_timeout
+
+    for out in run_distributed(_timeouts, 2, timeout=90):
+        assert out == {"watchdog": 7.0, "group": 7.0}
+    import torch
+
+    assert default_timeout(torch.device("cpu")).total_seconds() == 180  # far below torch's 10 minutes
