@@ -46,6 +46,7 @@ def convert(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``overdrive to-fsdp2`` and its flags."""
     parser = sub.add_parser("to-fsdp2", help="convert an Accelerate config file from FSDP1 to FSDP2",
                             description=__doc__.split("\n\n")[0])
     add_flag(parser, "config_file", metavar="PATH", required=True, help="the config file to convert")
@@ -55,6 +56,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Convert the file; usage problems raise ``UsageError``."""
     import yaml
 
     source = Path(args.config_file).expanduser()

@@ -14,6 +14,7 @@ from overdrive.cli import UsageError, add_flag
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``overdrive tpu-config`` with Accelerate's flags."""
     parser = sub.add_parser("tpu-config", help="(refused) run commands on a TPU pod: TPUs are not supported",
                             description=__doc__.split("\n\n")[0])
     for name in ("config_file", "tpu_name", "tpu_zone", "command_file", "accelerate_version"):
@@ -25,6 +26,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Refuse, saying why and what to use instead."""
     raise UsageError("TPUs are not supported by overdrive (it runs on CPUs and GPUs through torch.distributed), so "
                      "there is no TPU pod to configure; to start training on GPU or CPU machines use "
                      "'overdrive launch' on each machine (see 'overdrive launch --help')")

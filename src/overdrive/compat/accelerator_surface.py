@@ -66,35 +66,43 @@ class AccelerateSurface:
 
     @property
     def scaler_handler(self) -> Any:
+        """The ``GradScalerKwargs`` in effect."""
         return self.plan.scaler
 
     @property
     def autocast_handler(self) -> Any:
+        """The ``AutocastKwargs`` in effect."""
         return self.plan.autocast
 
     @property
     def profile_handler(self) -> Any:
+        """The ``ProfileKwargs`` given, or None."""
         return self.plan.profile
 
     @property
     def init_handler(self) -> Any:
+        """The ``InitProcessGroupKwargs`` given, or None."""
         return getattr(self.plan, "init_kwargs", None)
 
     @property
     def fp8_recipe_handler(self) -> Any:
+        """The fp8 recipe (``AORecipeKwargs`` / ``TERecipeKwargs``) in effect, or None."""
         return getattr(self.plan, "fp8", None)
 
     @property
     def has_fp8_handler(self) -> bool:
+        """Whether an fp8 recipe is in effect."""
         return self.fp8_recipe_handler is not None
 
     # -- other settings -------------------------------------------------------------------------------
     @property
     def rng_types(self) -> list[str]:
+        """The RNGs synchronised at the start of each epoch."""
         return list(self.plan.rng_types)
 
     @property
     def log_with(self) -> list[Any]:
+        """The trackers ``log_with`` named."""
         return list(self.plan.log_with)
 
     @property

@@ -44,10 +44,12 @@ def get_int_from_env(env_keys: list[str], default: int) -> int:
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    """The variable ``key`` as a yes/no value (``default`` when unset)."""
     return str_to_bool(os.environ.get(key, str(default))) == 1
 
 
 def parse_choice_from_env(key: str, default: str = "no") -> str:
+    """The variable ``key`` as it is, or ``default``."""
     return os.environ.get(key, str(default))
 
 
@@ -82,6 +84,7 @@ def check_cuda_p2p_ib_support() -> bool:
 
 
 def check_cuda_fp8_capability() -> bool:
+    """Whether the CUDA device can run fp8 (compute capability 8.9 or newer)."""
     import torch
 
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)

@@ -81,14 +81,17 @@ def is_megatron_lm_available() -> bool:
 
 
 def is_4bit_bnb_available() -> bool:
+    """Whether bitsandbytes 0.39+ (4-bit) is installed."""
     return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.39.0")
 
 
 def is_8bit_bnb_available() -> bool:
+    """Whether bitsandbytes 0.37.2+ (8-bit) is installed."""
     return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.37.2")
 
 
 def is_bitsandbytes_multi_backend_available() -> bool:
+    """Whether bitsandbytes 0.44+ (several back ends) is installed."""
     return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.44.0")
 
 
@@ -98,18 +101,22 @@ def is_torchdata_stateful_dataloader_available() -> bool:
 
 
 def is_cuda_available() -> bool:
+    """Whether a CUDA device is present."""
     return torch.cuda.is_available()
 
 
 def is_rocm_available() -> bool:
+    """Whether this is a ROCm build of torch with a device present."""
     return torch.version.hip is not None and torch.cuda.is_available()
 
 
 def is_mps_available(min_version: str = "1.12") -> bool:
+    """Whether Apple's MPS device is present."""
     return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
 
 
 def is_xpu_available(check_device: bool = False) -> bool:
+    """Whether an Intel XPU device is present."""
     return hasattr(torch, "xpu") and torch.xpu.is_available()
 
 
@@ -143,6 +150,7 @@ def is_habana_gaudi1() -> bool:
 
 
 def is_xccl_available() -> bool:
+    """Whether torch has the XCCL back end (Intel GPUs)."""
     import torch.distributed as dist
 
     check = getattr(getattr(dist, "distributed_c10d", None), "is_xccl_available", None)
@@ -150,6 +158,7 @@ def is_xccl_available() -> bool:
 
 
 def is_torch_distributed_available() -> bool:
+    """Whether torch.distributed is built in."""
     import torch.distributed as dist
 
     return dist.is_available()
@@ -183,6 +192,7 @@ def is_fp8_available() -> bool:
 
 
 def is_transformer_engine_mxfp8_available() -> bool:
+    """Whether Transformer Engine with MXFP8 support is installed and usable."""
     if not _has("transformer_engine"):
         return False
     import transformer_engine.pytorch as te  # type: ignore[import-not-found]

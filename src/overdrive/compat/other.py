@@ -34,6 +34,7 @@ def is_torch_version(operation: str, version: str) -> bool:
 
 
 def is_compiled_module(module: Any) -> bool:
+    """Whether ``module`` is the wrapper ``torch.compile`` returns."""
     return isinstance(module, torch._dynamo.eval_frame.OptimizedModule) if hasattr(torch, "_dynamo") else False
 
 
@@ -43,6 +44,7 @@ def has_compiled_regions(module: nn.Module) -> bool:
 
 
 def model_has_dtensor(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a DTensor (FSDP2 / tensor parallel)."""
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
@@ -99,6 +101,7 @@ def load(f: str | os.PathLike, map_location: Any = None, **kwargs: Any) -> Any:
 
 
 def get_pretty_name(obj: Any) -> str:
+    """The qualified name of ``obj`` (or of its class)."""
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
     return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
@@ -121,6 +124,7 @@ def is_port_in_use(port: int | None = None) -> bool:
 
 
 def get_free_port() -> int:
+    """A free TCP port on this machine."""
     with socket.socket() as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]

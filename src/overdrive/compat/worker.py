@@ -7,6 +7,7 @@ from overdrive.compat.alias import install_as_accelerate
 
 
 def main() -> None:
+    """Install the alias, then run the target as ``overdrive.launchers.worker`` does."""
     install_as_accelerate()
     from overdrive.launchers.worker import main as run_worker
 

@@ -33,6 +33,7 @@ class HfDeepSpeedConfig:
         self.set_stage_and_offload()
 
     def set_stage_and_offload(self) -> None:
+        """Read the ZeRO stage and whether anything is offloaded from the config."""
         self._stage = self.get_value("zero_optimization.stage", -1)
         self._offload = False
         if self.is_zero2() or self.is_zero3():
@@ -51,10 +52,12 @@ class HfDeepSpeedConfig:
         return config, key
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """The value at a dotted key such as ``zero_optimization.stage``, or ``default``."""
         config, key = self.find_config_node(ds_key_long)
         return default if config is None else config.get(key, default)
 
     def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
+        """Remove the entry at a dotted key (``must_exist``: an error when it is absent)."""
         config, key = self.find_config_node(ds_key_long)
         if config is None or key not in config:
             if must_exist:
@@ -63,18 +66,23 @@ class HfDeepSpeedConfig:
         del config[key]
 
     def is_true(self, ds_key_long: str) -> bool:
+        """Whether the value at a dotted key is set and true."""
         value = self.get_value(ds_key_long)
         return False if value is None else bool(value)
 
     def is_false(self, ds_key_long: str) -> bool:
+        """Whether the value at a dotted key is set and false."""
         value = self.get_value(ds_key_long)
         return False if value is None else not bool(value)
 
     def is_zero2(self) -> bool:
+        """Whether the config asks for ZeRO stage 2."""
         return self._stage == 2
 
     def is_zero3(self) -> bool:
+        """Whether the config asks for ZeRO stage 3."""
         return self._stage == 3
 
     def is_offload(self) -> bool:
+        """Whether ZeRO 2/3 offloads the optimizer or parameters (CPU or NVMe)."""
         return self._offload
