@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from overdrive.cli import Parser, UsageError
-from overdrive.cli.launch import add_launch_flags, resolve
+from overdrive.cli.launch import add_launch_flags, plan_launch
 from test_cli import clean_env, overdrive
 
 
@@ -27,7 +27,7 @@ def _worker_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str,
     add_launch_flags(parser)
     parser.add_argument("training_script")
     parser.add_argument("training_script_args", nargs="*")
-    plan, _, _ = resolve(parser.parse_args([*argv, str(script)]))
+    plan, _, _ = plan_launch(parser.parse_args([*argv, str(script)]))
     return plan.worker_config
 
 

@@ -247,7 +247,7 @@ def _device() -> tuple[str | None, int]:
     return (accelerator.type if accelerator else None), torch.accelerator.device_count()
 
 
-def resolve(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
+def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     """The plan for ``args`` (flags > config file > defaults), what each worker runs, and the one line
     that says what will run. Raises ``UsageError`` listing every problem."""
     config, source = read_config(args)
@@ -406,7 +406,7 @@ def _summary(plan: LaunchPlan, cpu: bool, cpu_reason: str, device_type: str | No
 
 
 def run(args: argparse.Namespace) -> int:
-    plan, command, summary = resolve(args)
+    plan, command, summary = plan_launch(args)
     if not plan.quiet:
         print(summary, file=sys.stderr, flush=True)
     return launch_script(plan, command)

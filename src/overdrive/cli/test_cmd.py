@@ -39,7 +39,7 @@ def _launch_argv(args: argparse.Namespace, result: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from overdrive.cli import Parser
-    from overdrive.cli.launch import add_launch_flags, resolve
+    from overdrive.cli.launch import add_launch_flags, plan_launch
     from overdrive.launchers.torchrun import launch_script
 
     with tempfile.TemporaryDirectory(prefix="overdrive-test-") as tmp:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         parser.add_argument("training_script")
         parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
         launch_args = parser.parse_args(_launch_argv(args, result_path))
-        plan, command, summary = resolve(launch_args)
+        plan, command, summary = plan_launch(launch_args)
         print(summary.replace("overdrive launch:", "overdrive test:", 1), file=sys.stderr, flush=True)
         code = launch_script(plan, command)
         result = json.loads(Path(result_path).read_text()) if Path(result_path).is_file() else None
