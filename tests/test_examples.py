@@ -12,6 +12,8 @@ import pytest
 
 from distributed import free_port
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # trains the example on 1 and 2 processes
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

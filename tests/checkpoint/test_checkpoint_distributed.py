@@ -29,6 +29,8 @@ from distributed import _worker, free_port, run_distributed
 from overdrive import Accelerator, GradScalerKwargs, InitProcessGroupKwargs, ProjectConfiguration
 from overdrive.checkpoint import CheckpointError, merge_weights_main
 
+pytestmark = pytest.mark.slow
+
 N_SAMPLES, BATCH, STEPS = 96, 4, 30
 SAVES = (6, 10, 18)
 

@@ -19,6 +19,8 @@ import yaml
 
 from test_cli import SCRIPTS, clean_env, overdrive
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # real launches (torchrun)
+
 TRAIN = str(SCRIPTS / "train_ddp.py")
 
 

@@ -22,6 +22,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from distributed import run_distributed
 
+pytestmark = [pytest.mark.optional, pytest.mark.slow]  # deepspeed; minutes on 2 cores
+
 pytest.importorskip("deepspeed")
 
 #: fp32: ZeRO 0-3 agree with the reference to float rounding (measured <= 3e-7); bf16 weights and

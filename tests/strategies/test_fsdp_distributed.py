@@ -11,6 +11,8 @@ import torch
 from distributed import run_distributed
 from test_parallel_helpers import accelerated_losses, make_model, reference_losses, worst
 
+pytestmark = pytest.mark.slow
+
 STEPS = 20
 FP32_TOLERANCE = 1e-5   # measured <= 1e-6 on this machine
 BF16_TOLERANCE = 2e-2   # bf16 parameters (FSDP2) against bf16 autocast (reference): measured ~1e-3

@@ -13,6 +13,8 @@ import torch
 from distributed import run_distributed
 from test_parallel_helpers import make_model, reference_losses, worst
 
+pytestmark = pytest.mark.slow  # 4 processes
+
 STEPS, SAVE_AT = 20, 10
 TOLERANCE = 1e-5  # measured <= 1e-6
 LAYOUTS = {

@@ -12,6 +12,8 @@ import torch
 from distributed import run_distributed
 from test_parallel_helpers import accelerated_losses, reference_losses, worst
 
+pytestmark = [pytest.mark.optional, pytest.mark.slow]  # transformers models
+
 STEPS = 20
 HF_STEPS = 5
 TOLERANCE = 1e-5  # measured <= 1e-6 (custom model), <= 3e-6 (transformers models)

@@ -25,6 +25,8 @@ from test_pipeline_helpers import (
     reference_eval_loss,
 )
 
+pytestmark = pytest.mark.slow
+
 STEPS = 20
 TOLERANCE = 1e-5  # fp32; measured <= 1e-6
 SCHEDULES = [("GPipe", None), ("1F1B", None), ("Interleaved1F1B", 2), ("LoopedBFS", 2),
