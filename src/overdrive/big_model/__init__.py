@@ -15,8 +15,7 @@ Names are imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from overdrive._lazy import lazy_exports
 
 _MODULES = {
     "init": ("init_empty_weights", "init_on_device"),
@@ -48,14 +47,9 @@ EXPORTS = {name: f"overdrive.big_model.{module}" for module, names in _MODULES.i
 __all__ = sorted(EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'overdrive.big_model' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, _dir = lazy_exports(__name__, EXPORTS)
 
 
 def __dir__() -> list[str]:
+    """The public names only."""
     return __all__
