@@ -90,7 +90,7 @@ def test_crafted_metadata_pointing_outside_the_folder_is_refused(tmp_path):
         for p in model.parameters():
             p.add_(1.0)
     changed = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(CheckpointError, match=r"is stored in '\.\./other/__0_0\.distcp', which is outside"):
+    with pytest.raises(CheckpointError, match=r"is stored in '\.\./other/__0_\d\.distcp', which is outside"):
         accelerator.load_state(target)
     assert all(torch.equal(a, b) for a, b in zip(changed, model.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
