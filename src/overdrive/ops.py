@@ -270,7 +270,7 @@ def _leaf_text(tensor: torch.Tensor, shapes: str) -> str:
     if shapes == "all":
         shape: tuple = tuple(tensor.shape)
     elif shapes == "tail":  # every dim but the first
-        shape = ("*", *tensor.shape[1:]) if tensor.ndim else ()
+        shape = ("*", *tensor.shape[1:])  # a 0-d tensor gathers as one element, like a 1-d one
     else:  # "ndim": the number of dims only
         shape = ("*",) * tensor.ndim
     return f"{str(tensor.dtype).removeprefix('torch.')}{list(shape)}".replace("'", "")
