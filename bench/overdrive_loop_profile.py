@@ -68,7 +68,7 @@ def profile_view(data) -> None:
 
 
 def ablation_view(data, rounds: int) -> None:
-    from overdrive import Accelerator
+    from overdrive import Accelerator, GradientState
 
     accelerator = Accelerator(cpu=True)
     runs = {"plain": so.build_plain("mlp", data, BATCH, 1, 0)[0]}
@@ -96,13 +96,14 @@ def ablation_view(data, rounds: int) -> None:
                         step(x, y)
                 else:
                     if accumulate == "begin_only":
-                        accelerator._begin_micro_step()
+                        accelerator.window.begin(GradientState._progress.active_dataloader,
+                                                 GradientState._progress.end_of_dataloader)
                     step(x, y)
 
         runs[name] = run
 
     variant("overdrive (as benchmarked)")
-    variant("accumulate() -> _begin_micro_step()", accumulate="begin_only")
+    variant("accumulate() -> window.begin()", accumulate="begin_only")
     variant("without accumulate()", accumulate="none")
     variant("without accumulate(), loss.backward()", accumulate="none", backward="plain")
     variant("only the loader prepared", model_prepared=False, accumulate="none", backward="plain")

@@ -17,10 +17,15 @@ Markers (registered in pyproject; select with ``-m``, e.g. ``pytest -m "not slow
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# DeepSpeed builds its C++ ops on first use into TORCH_EXTENSIONS_DIR. One folder per environment: checkouts
+# sharing a machine would otherwise rebuild each other's copy (their include paths differ) and wait on its lock.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 _HERE = Path(__file__).resolve().parent
 for _folder in [_HERE, *sorted(p for p in _HERE.rglob("*") if p.is_dir() and not p.name.startswith((".", "_")))]:

@@ -38,6 +38,8 @@ _EXPORTS = {
     "ParallelismConfig": "overdrive.config",
     "PipelineConfig": "overdrive.config",
     "TorchTensorParallelPlugin": "overdrive.config",
+    "TorchDynamoPlugin": "overdrive.config",
+    "ActivationCheckpointingKwargs": "overdrive.config",
     "LocalSGD": "overdrive.local_sgd",
     "skip_first_batches": "overdrive.data",
     "prepare_data_loader": "overdrive.data",
@@ -96,6 +98,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from overdrive.compat.alias import install_as_accelerate, uninstall_as_accelerate
     from overdrive.config import (
+        ActivationCheckpointingKwargs,
         AORecipeKwargs,
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -113,6 +116,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         ProfileKwargs,
         ProjectConfiguration,
         TERecipeKwargs,
+        TorchDynamoPlugin,
         TorchTensorParallelPlugin,
     )
     from overdrive.data import prepare_data_loader, skip_first_batches

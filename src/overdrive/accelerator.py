@@ -5,8 +5,8 @@ Every method is short and calls into the objects the plan chose; none asks which
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import copy
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -14,9 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from torch.utils.hooks import RemovableHandle
+from torch.utils.hooks import RemovableHandle  # noqa: TC002 - the hook registration methods return it
 
 from overdrive import ops
+from overdrive.accumulation import AccumulationWindow
 from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -29,15 +30,19 @@ from overdrive.config import (
     ProfileKwargs,
     ProjectConfiguration,
     RNGType,
+    TorchDynamoPlugin,
     TorchTensorParallelPlugin,
 )
 from overdrive.optimizer import AcceleratedOptimizer
 from overdrive.precision.amp import AmpPrecision
+from overdrive.prepared import PreparedObjects, TrainingState
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
 from overdrive.runtime.mesh import ParallelMesh
 from overdrive.scheduler import AcceleratedScheduler
 from overdrive.state import AcceleratorState, GradientState
 from overdrive.strategies import Strategy, create_strategy
+from overdrive.strategies.base import StrategyContext
+from overdrive.transforms.hooks import HookRegistry
 
 
 class Accelerator:
@@ -63,18 +68,19 @@ class Accelerator:
                  project_config: ProjectConfiguration | None = None,
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  step_scheduler_with_optimizer: bool = True, kwargs_handlers: list[Any] | None = None,
-                 dynamo_backend: str | None = None, parallelism_config: ParallelismConfig | None = None,
+                 dynamo_backend: str | None = None, dynamo_plugin: TorchDynamoPlugin | None = None,
+                 parallelism_config: ParallelismConfig | None = None,
                  torch_tp_plugin: TorchTensorParallelPlugin | None = None,
                  deepspeed_plugins: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
                  megatron_lm_plugin: MegatronLMPlugin | None = None, **unsupported: Any) -> None:
         if unsupported:
             raise TypeError(f"Accelerator() got unexpected arguments {sorted(unsupported)}")
         handlers = split_kwargs_handlers(kwargs_handlers)
-        if split_batches is not None:
-            dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if split_batches is not None:  # on a copy: the user's object stays as given
+            dataloader_config = copy.copy(dataloader_config or DataLoaderConfiguration())
             dataloader_config.split_batches = split_batches
         if project_dir is not None:
-            project_config = project_config or ProjectConfiguration()
+            project_config = copy.copy(project_config or ProjectConfiguration())
             project_config.set_directories(str(project_dir))
 
         self.state = AcceleratorState(cpu=cpu, init_kwargs=handlers.get("init"))
@@ -84,38 +90,36 @@ class Accelerator:
             gradient_accumulation_plugin=gradient_accumulation_plugin, dataloader_config=dataloader_config,
             device_placement=device_placement, step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             rng_types=rng_types, handlers=handlers, project_config=project_config, log_with=log_with,
-            dynamo_backend=dynamo_backend, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config,
+            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config,
             tp_plugin=torch_tp_plugin, deepspeed_plugin=deepspeed_plugin,
             deepspeed_plugins=deepspeed_plugins,
             megatron_lm_plugin=megatron_lm_plugin)
         self.parallelism_config = parallelism_config
-        self.mesh = ParallelMesh(self.plan.dims, self.device.type, self.process_index, build=self.plan.uses_mesh)
-        self.state.training = self.plan
-        self.gradient_state = GradientState(GradientAccumulationPlugin(
-            num_steps=self.plan.accumulation.num_steps, adjust_scheduler=self.plan.accumulation.adjust_scheduler,
-            sync_with_dataloader=self.plan.accumulation.sync_with_dataloader,
-            sync_each_batch=self.plan.accumulation.sync_each_batch))
-        self.gradient_state._set_sync_gradients(True)
+        self.state.adopt(self.plan)
+        self.mesh = ParallelMesh(self.plan.dims, self.device.type, self.process_index, build=self.plan.uses_mesh,
+                                 output_pp_rank=self.plan.output_pp_rank)
+        # runtime state: what changes while training lives here, not in the frozen plan
+        #: the project settings of this run; ``save_state`` advances its ``iteration``
+        self.project_configuration: ProjectConfiguration = copy.copy(self.plan.project)
+        #: the data-loader settings of this run (``even_batches`` may be changed)
+        self.dataloader_config: DataLoaderConfiguration = copy.copy(self.plan.dataloader)
+        #: the one owner of the accumulation window (position, size, loss divisor, sync, step counter)
+        self.window = AccumulationWindow.from_plugin(self.plan.accumulation)
+        self.gradient_state = GradientState(window=self.window)
+        GradientState._make_current(self.window)
         self.precision = AmpPrecision(self.plan.precision, self.device, self.plan.autocast, self.plan.scaler)
-        self.strategy: Strategy = create_strategy(
-            self.plan.strategy, device=self.device, ddp=self.plan.ddp, mesh=self.mesh, precision=self.precision,
-            fsdp=self.plan.fsdp, tp=self.plan.tp, dynamo_backend=self.plan.dynamo_backend,
-            pipeline=self.plan.pipeline, stage_strategy=self.plan.stage_strategy,
-            loss_divisor=lambda: self._loss_divisor, deepspeed=self.plan.deepspeed, fp8=self.plan.fp8)
+        #: the hooks the model path puts on prepared models (autocast, engine casts)
+        self.hooks = HookRegistry()
+        #: parameters fp8 conversion replaced, id(old) -> (weakref(old), new): optimizers are pointed at the new
+        self.fp8_replaced: dict[int, Any] = {}
+        context = StrategyContext(device=self.device, mesh=self.mesh, precision=self.precision,
+                                  transforms=self.plan.transforms, hooks=self.hooks, window=self.window,
+                                  fp8_replaced=self.fp8_replaced)
+        self.strategy: Strategy = create_strategy(self.plan.strategy, context, self.plan.strategy_settings)
         self.scaler = self.precision.scaler
-        self.step = 0
-        self._window_pos = 0
-        self._loss_divisor = self.plan.accumulation.num_steps
-        self._models: list[nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[DataLoader] = []
-        self._hooks: dict[int, list[Any]] = {}
-        self._fp8_replaced: dict[int, Any] = {}  # parameters apply_fp8 replaced: id(old) -> (weakref(old), new)
+        #: what prepare() returned and register_for_checkpointing() added, in order
+        self.prepared = PreparedObjects()
         self.flag_tensor: torch.Tensor | None = None
-        self._custom_objects: list[Any] = []  # register_for_checkpointing
-        self._save_state_pre_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
-        self._load_state_pre_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
 
     # -- where and who ------------------------------------------------------------------------------
     @property
@@ -221,70 +225,68 @@ class Accelerator:
         return self.plan.device_placement
 
     @property
-    def project_configuration(self) -> ProjectConfiguration:
-        return self.plan.project
-
-    @property
     def project_dir(self) -> str | None:
-        return self.plan.project.project_dir
+        return self.project_configuration.project_dir
 
     @property
     def logging_dir(self) -> str | None:
-        return self.plan.project.logging_dir
+        return self.project_configuration.logging_dir
 
     # -- data-loader settings -----------------------------------------------------------------------
     @property
-    def dataloader_config(self) -> DataLoaderConfiguration:
-        return self.plan.dataloader
-
-    @property
     def split_batches(self) -> bool:
-        return self.plan.dataloader.split_batches
+        return self.dataloader_config.split_batches
 
     @property
     def dispatch_batches(self) -> bool | None:
-        return self.plan.dataloader.dispatch_batches
+        return self.dataloader_config.dispatch_batches
 
     @property
     def even_batches(self) -> bool:
-        return self.plan.dataloader.even_batches
+        return self.dataloader_config.even_batches
 
     @even_batches.setter
     def even_batches(self, value: bool) -> None:
-        self.plan.dataloader.even_batches = value
+        self.dataloader_config.even_batches = value
 
     @property
     def use_seedable_sampler(self) -> bool:
-        return self.plan.dataloader.use_seedable_sampler
+        return self.dataloader_config.use_seedable_sampler
 
     @property
     def non_blocking(self) -> bool:
-        return self.plan.dataloader.non_blocking
+        return self.dataloader_config.non_blocking
 
-    # -- accumulation state -------------------------------------------------------------------------
+    # -- accumulation state (the window owns it) ----------------------------------------------------
     @property
     def sync_gradients(self) -> bool:
-        return self.gradient_state.sync_gradients
+        return self.window.sync
 
     @sync_gradients.setter
     def sync_gradients(self, value: bool) -> None:
-        self.gradient_state._set_sync_gradients(value)
+        self.window.sync = value
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return self.gradient_state.num_steps
+        return self.window.num_steps
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, value: int) -> None:
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"gradient_accumulation_steps={value!r} is not valid; it must be an integer >= 1")
-        self.gradient_state.num_steps = value
-        self._loss_divisor = value
+        self.window.set_num_steps(value)
+
+    @property
+    def step(self) -> int:
+        """Micro-batches begun by ``accumulate`` since the start (restored by ``load_state``)."""
+        return self.window.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.window.step = value
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped because fp16 gradients overflowed."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
+        return any(opt.step_was_skipped for opt in self.prepared.optimizers)
 
     # -- prepare ------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
@@ -299,13 +301,9 @@ class Accelerator:
         result = self.strategy.prepare_together(list(args))  # DeepSpeed: model + optimizer + scheduler -> engine
         for kinds in ((nn.Module,), (torch.optim.Optimizer, DataLoader), (torch.optim.lr_scheduler.LRScheduler,)):
             for i, obj in enumerate(list(result)):
-                if isinstance(obj, kinds) and not self._is_prepared(obj):
+                if isinstance(obj, kinds) and not self.prepared.contains(obj):
                     result[i] = self._prepare_one(obj, placement[i])
         return result[0] if len(result) == 1 else tuple(result)
-
-    def _is_prepared(self, obj: Any) -> bool:
-        return any(obj is seen for seen in (*self._models, *self._optimizers, *self._schedulers,
-                                            *self._dataloaders))
 
     def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
         if isinstance(obj, nn.Module):
@@ -318,67 +316,53 @@ class Accelerator:
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> nn.Module:
-        """Move ``model`` to the device, run its forward in the mixed precision, and wrap it for the
-        strategy (DDP across processes). ``evaluation_mode`` skips the wrapping, for inference.
-
-        A strategy that applies the model transforms itself (FSDP2, tensor parallel) does all of it, in
-        its fixed order, and shards even in evaluation mode."""
-        if self.strategy.applies_transforms:
-            model = self.strategy.wrap_model(model)
-            self._models.append(model)
-            return model
-        on_meta = [name for name, p in model.named_parameters() if p.device.type == "meta"]
-        if on_meta:
-            shown = ", ".join(on_meta[:5]) + (", ..." if len(on_meta) > 5 else "")
-            raise ValueError(
-                f"prepare() got a model with {len(on_meta)} parameters on the meta device ({shown}); "
-                "materialise it first (model.to_empty(device=...) then load its weights)")
-        if self.plan.device_placement if device_placement is None else device_placement:
-            model = model.to(self.device)
-        if self.plan.fp8 is not None:
-            # After placement (torchao's float8 weights cannot move), before compile and DDP, which must
-            # see the float8 modules. FSDP2 converts in its own wrap_model, at the same point.
-            from overdrive.precision.fp8 import apply_fp8
-
-            self._fp8_replaced.update(apply_fp8(model, self.plan.fp8))
-        self._hooks[id(model)] = self.precision.attach(model)
-        if self.plan.dynamo_backend:
-            model = torch.compile(model, backend=self.plan.dynamo_backend)
-        if not evaluation_mode:
-            model = self.strategy.wrap_model(model)
-        self._models.append(model)
-        return model
+        """Run ``model`` through the model path, the same under every strategy: placement on the device,
+        autocast for the mixed precision, fp8, tensor parallel, activation checkpointing, compile, then
+        data parallel (DDP, or FSDP2's sharding). ``evaluation_mode`` leaves out the DDP wrapper, for
+        inference (sharded parameters stay sharded)."""
+        place = self.plan.device_placement if device_placement is None else device_placement
+        try:
+            prepared = self.strategy.wrap_model(model, device_placement=place, evaluation_mode=evaluation_mode)
+        except BaseException:
+            self.hooks.discard_pending()  # a failed prepare leaves no hook behind
+            raise
+        self.hooks.claim(prepared, self.strategy.unwrap_model(prepared))
+        self.prepared.add_model(prepared)
+        return prepared
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
                           device_placement: bool | None = None) -> AcceleratedOptimizer:
-        for existing in self._optimizers:  # prepared before: the same wrapper, registered (and saved) once
+        for existing in self.prepared.optimizers:  # prepared before: the same wrapper, registered (and saved) once
             if existing is optimizer or existing.optimizer is optimizer:
                 return existing
+        models = self.prepared.models
         if self.plan.fp8 is not None:
             from overdrive.precision.fp8 import precompute_scales_after_step, repoint_optimizer
 
-            repoint_optimizer(optimizer, self._fp8_replaced)  # weights torchao wrapped for fp8 all-gather
-            optimizer = self.strategy.prepare_optimizer(optimizer, self._models)
-            precompute_scales_after_step(optimizer, self._models)
+            repoint_optimizer(optimizer, self.fp8_replaced)  # weights torchao wrapped for fp8 all-gather
+            optimizer = self.strategy.prepare_optimizer(optimizer, models)
+            precompute_scales_after_step(optimizer, models)
         else:
-            optimizer = self.strategy.prepare_optimizer(optimizer, self._models)
-        prepared = AcceleratedOptimizer(optimizer, scaler=self.scaler, gradient_state=self.gradient_state)
-        self._optimizers.append(prepared)
+            optimizer = self.strategy.prepare_optimizer(optimizer, models)
+        prepared = optimizer if isinstance(optimizer, AcceleratedOptimizer) else AcceleratedOptimizer(
+            optimizer, scaler=self.scaler, gradient_state=self.gradient_state)  # DeepSpeed's comes prepared
+        self.prepared.optimizers.append(prepared)
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        mine = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer or opt is scheduler.optimizer]
+        optimizers = self.prepared.optimizers
+        mine = [opt for opt in optimizers if opt.optimizer is scheduler.optimizer or opt is scheduler.optimizer]
         prepared = AcceleratedScheduler(
-            scheduler, mine or self._optimizers, step_with_optimizer=self.plan.step_scheduler_with_optimizer,
+            scheduler, mine or optimizers, step_with_optimizer=self.plan.step_scheduler_with_optimizer,
             split_batches=self.split_batches, num_processes=self.data_parallel_size, gradient_state=self.gradient_state)
-        self._schedulers.append(prepared)
+        self.prepared.schedulers.append(prepared)
         return prepared
 
     def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None,
                             slice_fn_for_dispatch: Callable | None = None) -> DataLoader:
         from overdrive.data import prepare_data_loader
 
-        config = self.plan.dataloader
+        config = self.dataloader_config
         prepared = prepare_data_loader(
             data_loader, device=self.device, num_processes=self.data_parallel_size,
             process_index=self.data_parallel_rank, torch_device_mesh=self.torch_device_mesh,
@@ -388,60 +372,42 @@ class Accelerator:
             even_batches=config.even_batches, slice_fn_for_dispatch=slice_fn_for_dispatch,
             use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed,
             non_blocking=config.non_blocking, gradient_state=self.gradient_state)
-        self._dataloaders.append(prepared)
+        self.prepared.dataloaders.append(prepared)
         return prepared
 
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> nn.Module:
-        """The user's module inside a prepared one (without the autocast hooks if asked)."""
+        """The user's module inside a prepared one. ``keep_fp32_wrapper=False`` removes every hook the model
+        path put on it (autocast, casts), whatever the strategy; ``keep_torch_compile=False`` returns the
+        module inside a ``torch.compile`` wrapper (compilation by ``prepare`` is in place: nothing to strip)."""
         inner = self.strategy.unwrap_model(model)
         plain = getattr(inner, "_orig_mod", inner)
         if not keep_fp32_wrapper:
-            for handle in self._hooks.pop(id(plain), []):
-                handle.remove()
+            self.hooks.remove(model, inner, plain)
         return inner if keep_torch_compile else plain
 
     # -- the training step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided over the accumulation window and scaled for fp16. Under DeepSpeed the
         engine's backward, and its step at the end of each window (``optimizer.step()`` is then a no-op)."""
-        if self._loss_divisor > 1:
-            loss = loss / self._loss_divisor
-        self.strategy.backward(loss, self.precision, self.sync_gradients, **kwargs)
-
-    def _begin_micro_step(self) -> None:
-        """Decide whether this micro-batch ends an accumulation window (then gradients sync)."""
-        state = self.gradient_state
-        if self._window_pos == 0:
-            # A window is num_steps batches, or fewer at the end of the data: the loss is divided by
-            # the true window length so that the step equals one step on the concatenated batch.
-            size = state.num_steps
-            loader = state.active_dataloader
-            yielded = getattr(loader, "batches_yielded", None)
-            if size > 1 and state.sync_with_dataloader and yielded is not None:
-                with contextlib.suppress(TypeError):
-                    size = max(1, min(size, len(loader) - yielded + 1))
-            self._window_size = size
-            self._loss_divisor = size
-        self._window_pos += 1
-        self.step += 1
-        sync = self._window_pos >= self._window_size or (state.sync_with_dataloader and state.end_of_dataloader)
-        if sync:
-            self._window_pos = 0
-        state.sync_gradients = sync
+        window = self.window
+        if window.divisor > 1:
+            loss = loss / window.divisor
+        self.strategy.backward(loss, self.precision, window.sync, **kwargs)
 
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager:
         """Accumulate gradients over ``gradient_accumulation_steps`` batches: gradients synchronise and
         the optimizer and scheduler step only on the last batch of each window (or of the data).
 
         Use as ``with accelerator.accumulate(model):`` around one batch's step."""
+        prepared = self.prepared.model_ids
         for model in models:
-            if not any(model is m for m in self._models):
+            if id(model) not in prepared:
                 raise ValueError(f"accumulate() got a model that prepare() did not return: "
                                  f"{type(model).__name__}; pass the object that accelerator.prepare() gave back")
-        self._begin_micro_step()
-        state = self.gradient_state
-        if state.sync_gradients or state.sync_each_batch:
+        progress = GradientState._progress
+        window = self.window
+        if window.begin(progress.active_dataloader, progress.end_of_dataloader) or window.sync_each_batch:
             return contextlib.nullcontext()  # the common case on the hot path: nothing to enter
         stack = contextlib.ExitStack()
         for model in models:
@@ -460,7 +426,8 @@ class Accelerator:
         """Divide fp16-scaled gradients by the loss scale (done once per step, before clipping)."""
         if self.scaler is None or not self.sync_gradients:
             return
-        chosen = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer] if optimizer else self._optimizers
+        chosen = (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer] if optimizer
+                  else self.prepared.optimizers)
         for opt in chosen:
             opt.unscale_()
 
@@ -534,15 +501,16 @@ class Accelerator:
             return
         from torch.distributed.algorithms.join import Join
 
-        saved = [loader.even_batches for loader in self._dataloaders]
+        loaders = self.prepared.dataloaders
+        saved = [loader.even_batches for loader in loaders]
         if even_batches is not None:
-            for loader in self._dataloaders:
+            for loader in loaders:
                 loader.even_batches = even_batches
         try:
             with Join(joinables):
                 yield
         finally:
-            for loader, value in zip(self._dataloaders, saved):
+            for loader, value in zip(loaders, saved):
                 loader.even_batches = value
 
     # -- process control (delegated to the process state) -------------------------------------------
@@ -624,15 +592,9 @@ class Accelerator:
         """Drop the references this Accelerator holds (and ``objects``) and empty the device cache."""
         from overdrive.utils.memory import release_memory
 
-        for handles in self._hooks.values():
-            for handle in handles:
-                handle.remove()
-        self._hooks.clear()
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
-        self.step = 0
+        self.hooks.clear()
+        self.prepared.clear()
+        self.window.reset()
         return release_memory(*objects)
 
     clear = free_memory
@@ -660,7 +622,7 @@ class Accelerator:
         """
         from overdrive.checkpoint import save_state
 
-        return save_state(self, output_dir, safe_serialization, **save_model_func_kwargs)
+        return save_state(self.training_state(), output_dir, safe_serialization, **save_model_func_kwargs)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> str:
         """Restore what ``save_state`` saved (the newest complete checkpoint when ``input_dir`` is None and
@@ -668,27 +630,31 @@ class Accelerator:
         (default False), ``strict`` (default True), ``verify`` (checksums, default True)."""
         from overdrive.checkpoint import load_state
 
-        return load_state(self, input_dir, **load_model_func_kwargs)
+        return load_state(self.training_state(), input_dir, **load_model_func_kwargs)
+
+    def training_state(self) -> TrainingState:
+        """What ``save_state`` saves and ``load_state`` restores: the prepared and registered objects, the
+        accumulation window, the project configuration, the loss scaler and the strategy's engine."""
+        return TrainingState(objects=self.prepared, window=self.window, project=self.project_configuration,
+                             device=self.device, process_index=self.process_index,
+                             local_process_index=self.local_process_index, scaler=self.scaler,
+                             engine=self.strategy.engine_checkpoint, unwrap_model=self.unwrap_model)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load ``objects`` (each with ``state_dict`` / ``load_state_dict``) with the state."""
         from overdrive.checkpoint import check_stateful
 
-        self._custom_objects.extend(check_stateful(objects))
+        self.prepared.custom_objects.extend(check_stateful(objects))
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` before each ``save_state``; a hook that saves a model
         itself pops its entry from ``weights``. Returns a handle with ``remove()``."""
-        handle = RemovableHandle(self._save_state_pre_hooks)
-        self._save_state_pre_hooks[handle.id] = hook
-        return handle
+        return self.prepared.add_hook(self.prepared.save_hooks, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` before each ``load_state``; a hook that loads a model itself
         pops it from ``models``. Returns a handle with ``remove()``."""
-        handle = RemovableHandle(self._load_state_pre_hooks)
-        self._load_state_pre_hooks[handle.id] = hook
-        return handle
+        return self.prepared.add_hook(self.prepared.load_hooks, hook)
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:

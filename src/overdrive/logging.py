@@ -19,11 +19,9 @@ _warned_once: set[Hashable] = set()
 
 
 def _rank_and_world() -> tuple[int, int]:
-    import torch.distributed as dist
+    from overdrive.runtime.group import rank, world_size  # imports torch: only once something is logged
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return rank(), world_size()
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):

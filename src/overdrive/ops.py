@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from overdrive.runtime.group import world_size
+
 
 def is_torch_tensor(value: Any) -> bool:
     """Whether ``tensor`` is a ``torch.Tensor``."""
@@ -209,12 +211,6 @@ _META_DIMS = 8  # shape columns in gather's size exchange; dims past the 8th are
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _world_size() -> int:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
-
 def _tensor_leaves(data: Any, op_name: str) -> list[torch.Tensor]:
     """Every tensor leaf of ``data``; a TypeError naming ``op_name`` for any other leaf."""
     leaves: list[torch.Tensor] = []
@@ -299,7 +295,7 @@ def _fingerprint(text: str) -> int:
 
 def _structure_error(op_name: str, data: Any, why: str) -> DistributedOperationException:
     """The error every rank raises when the structures differ (one more collective: the descriptions)."""
-    described: list[Any] = [None] * _world_size()
+    described: list[Any] = [None] * world_size()
     dist.all_gather_object(described, describe_structure(data))
     per_rank = "; ".join(f"rank {r}: {d}" for r, d in enumerate(described))
     return DistributedOperationException(
@@ -312,7 +308,7 @@ def _preflight(op_name: str, data: Any, leaves: list[torch.Tensor], shapes: str)
     is the same."""
     device = leaves[0].device if leaves else torch.device("cpu")
     local = torch.tensor([_fingerprint(describe_structure(data, shapes))], dtype=torch.int64, device=device)
-    out = local.new_empty(_world_size())
+    out = local.new_empty(world_size())
     dist.all_gather_single(out, local)
     if bool((out == out[0]).all()):
         return
@@ -366,13 +362,17 @@ def gather(tensor: Any) -> Any:
     >>> gather(torch.tensor([rank]))  # on 3 processes
     tensor([0, 1, 2])
     """
-    world = _world_size()
+    world = world_size()
     if world == 1:
         return tensor
-    leaves = [t.reshape(1) if t.ndim == 0 else t for t in _tensor_leaves(tensor, "gather")]
-    if not leaves:
+    raw = _tensor_leaves(tensor, "gather")
+    if not raw:
         return tensor
-    meta = _gather_meta(tensor, leaves, world)
+    leaves = [t.reshape(1) if t.ndim == 0 else t for t in raw]
+    # a 0-dim tensor counts as one element (a process with nothing to add may pass an empty 1-dim one)
+    described = tensor if all(t.ndim for t in raw) else recursively_apply(
+        lambda t: t.reshape(1) if t.ndim == 0 else t, tensor)
+    meta = _gather_meta(described, leaves, world)
     sizes = meta[:, :, 2].tolist()
     return _rebuild(tensor, [_gather_one(t, [row[i] for row in sizes], world) for i, t in enumerate(leaves)])
 
@@ -384,7 +384,7 @@ def gather_object(object: Any) -> list[Any]:
     ['rank 0', 'rank 1']
     """
     local = object if isinstance(object, list) else [object]
-    world = _world_size()
+    world = world_size()
     if world == 1:
         return local
     gathered: list[Any] = [None] * world
@@ -404,7 +404,7 @@ def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Overwrite every tensor in ``tensor``, in place, with process ``from_process``'s; returns it."""
-    if _world_size() == 1:
+    if world_size() == 1:
         return tensor
     _preflight("broadcast", tensor, _tensor_leaves(tensor, "broadcast"), "all")
     return recursively_apply(_broadcast_one, tensor, from_process, error_on_other_type=True)
@@ -412,7 +412,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Overwrite ``object_list``'s items, in place, with process ``from_process``'s (picklable objects)."""
-    if _world_size() > 1:
+    if world_size() > 1:
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -448,7 +448,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is not supported; use one of "
                          + ", ".join(repr(r) for r in _REDUCTIONS))
-    world = _world_size()
+    world = world_size()
     if world > 1 and reduction != "none":
         _preflight("reduce", tensor, _tensor_leaves(tensor, "reduce"), "all")
     return recursively_apply(_reduce_one, tensor, reduction, scale, world, error_on_other_type=True)
@@ -470,7 +470,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_firs
     gathered. Pads with ``pad_index``, at the end (or at the start with ``pad_first``). Tensors with no
     dim ``dim`` are left alone.
     """
-    world = _world_size()
+    world = world_size()
     if world == 1:
         return tensor
     leaves = _tensor_leaves(tensor, "pad_across_processes")

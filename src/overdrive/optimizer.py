@@ -29,6 +29,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.scaler = scaler
         self.gradient_state = gradient_state or GradientState()
+        self._window = self.gradient_state.window  # read on every step: one attribute, not a property
         self._step_was_skipped = False
         self._unscaled = False
 
@@ -81,7 +82,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # -- the step -----------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.gradient_state.sync_gradients:
+        if self._window.sync:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def unscale_(self) -> None:
@@ -91,7 +92,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._unscaled = True
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
-        if not self.gradient_state.sync_gradients:
+        if not self._window.sync:
             return None
         self._unscaled = False
         if self.scaler is None:

@@ -27,6 +27,7 @@ class AcceleratedScheduler:
         self.split_batches = split_batches
         self.num_processes = num_processes
         self.gradient_state = gradient_state or GradientState()
+        self._window = self.gradient_state.window
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the wrapped scheduler only when the optimizers really stepped (not inside an
@@ -35,8 +36,9 @@ class AcceleratedScheduler:
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
-        if not self.gradient_state.sync_gradients:
-            if self.gradient_state.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
+        window = self._window
+        if not window.sync:
+            if window.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
                 self.scheduler._step_count += 1
             return
         if any(opt.step_was_skipped for opt in self.optimizers):

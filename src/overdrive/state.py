@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from overdrive.accumulation import AccumulationWindow
 from overdrive.config import DistributedType, InitProcessGroupKwargs
 from overdrive.resolve import ProcessPlan, resolve_process
 
@@ -213,10 +214,21 @@ def _split(inputs: Any, parts: int, index: int, apply_padding: bool) -> Any:
 
 
 class AcceleratorState(PartialState):
-    """The process state plus the training settings of the current ``Accelerator``."""
+    """The process state plus the training settings of an ``Accelerator``.
+
+    ``accelerator.state`` answers for that Accelerator's own plan, even after another ``Accelerator()`` is
+    built in the process; ``AcceleratorState()`` built elsewhere (by another library) answers for the
+    newest Accelerator's plan, as Accelerate's shared state does.
+    """
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         super().__init__(cpu=cpu, **{k: v for k, v in kwargs.items() if k in ("init_kwargs",)})
+
+    def adopt(self, training: Any) -> None:
+        """Answer for ``training`` (an Accelerator's plan) from now on; make it the process's newest."""
+        self._shared["training"] = training
+        # an own view of the shared process state: a later Accelerator replaces the shared plan, not this one
+        self.__dict__ = dict(self._shared)
 
     @property
     def mixed_precision(self) -> str:
@@ -281,36 +293,86 @@ class AcceleratorState(PartialState):
             cls._shared.pop("training", None)
 
 
+class _DataProgress:
+    """Where the active prepared data loader stands (one per process: loaders report here)."""
+
+    __slots__ = ("active_dataloader", "dataloader_references", "end_of_dataloader", "remainder")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.active_dataloader: Any = None
+        self.dataloader_references: list[Any] = [None]
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+
+def _progress_field(name: str) -> property:
+    def get(self: GradientState) -> Any:
+        return getattr(GradientState._progress, name)
+
+    def set_(self: GradientState, value: Any) -> None:
+        setattr(GradientState._progress, name, value)
+
+    return property(get, set_, doc=f"The process's data-loader ``{name}``.")
+
+
+def _window_field(name: str, doc: str) -> property:
+    def get(self: GradientState) -> Any:
+        return getattr(self.window, name)
+
+    def set_(self: GradientState, value: Any) -> None:
+        setattr(self.window, name, value)
+
+    return property(get, set_, doc=doc)
+
+
 class GradientState:
     """Whether gradients are synchronised this step, and where the active data loader stands.
 
-    Shared by every instance in the process (as in Accelerate): prepared data loaders report the end
-    of their data here, and ``accumulate`` and ``gather_for_metrics`` read it.
+    The accumulation settings and the sync flag are read from an :class:`AccumulationWindow` (the
+    Accelerator's own; ``GradientState()`` built elsewhere gets the newest Accelerator's). Where the data
+    loaders stand is shared by every instance in the process (as in Accelerate): prepared loaders report
+    the end of their data here, and ``accumulate`` and ``gather_for_metrics`` read it.
     """
 
+    _progress = _DataProgress()
+    #: the window of the newest Accelerator (or of the first ``GradientState()``), for instances built without one
     _shared: dict[str, Any] = {}
 
-    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
-        self.__dict__ = self._shared
-        if "sync_gradients" not in self.__dict__:
-            self.sync_gradients = True
-            self.active_dataloader: Any = None
-            self.dataloader_references: list[Any] = [None]
-            self.num_steps = 1
-            self.adjust_scheduler = True
-            self.sync_with_dataloader = True
-            self.sync_each_batch = False
-            self.end_of_dataloader = False
-            self.remainder = -1
+    def __init__(self, gradient_accumulation_plugin: Any = None, window: AccumulationWindow | None = None) -> None:
+        if window is None:
+            window = self._shared.get("window")
+            if window is None:
+                window = self._shared["window"] = AccumulationWindow()
+        self.window = window
         if gradient_accumulation_plugin is not None:
-            self.num_steps = gradient_accumulation_plugin.num_steps or 1
-            self.adjust_scheduler = gradient_accumulation_plugin.adjust_scheduler
-            self.sync_with_dataloader = gradient_accumulation_plugin.sync_with_dataloader
-            self.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+            plugin = gradient_accumulation_plugin
+            window.set_num_steps(plugin.num_steps or 1)
+            window.adjust_scheduler = plugin.adjust_scheduler
+            window.sync_with_dataloader = plugin.sync_with_dataloader
+            window.sync_each_batch = plugin.sync_each_batch
 
     @classmethod
     def _reset_state(cls) -> None:
         cls._shared.clear()
+        cls._progress.reset()
+
+    @classmethod
+    def _make_current(cls, window: AccumulationWindow) -> None:
+        """``GradientState()`` built from now on (by other libraries) reads ``window``."""
+        cls._shared["window"] = window
+
+    sync_gradients = _window_field("sync", "Whether gradients synchronise (and optimizers step) this micro-batch.")
+    num_steps = _window_field("num_steps", "The accumulation window length.")
+    adjust_scheduler = _window_field("adjust_scheduler", "Whether schedulers count skipped steps.")
+    sync_with_dataloader = _window_field("sync_with_dataloader", "Whether a window ends with the data.")
+    sync_each_batch = _window_field("sync_each_batch", "Whether gradients synchronise on every micro-batch.")
+    active_dataloader = _progress_field("active_dataloader")
+    dataloader_references = _progress_field("dataloader_references")
+    end_of_dataloader = _progress_field("end_of_dataloader")
+    remainder = _progress_field("remainder")
 
     @property
     def plugin_kwargs(self) -> dict[str, Any]:
@@ -320,30 +382,31 @@ class GradientState:
 
     @property
     def in_dataloader(self) -> bool:
-        return self.active_dataloader is not None
+        return self._progress.active_dataloader is not None
 
     @property
     def initialized(self) -> bool:
-        return "sync_gradients" in self.__dict__
+        return True
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
-        self.sync_gradients = sync_gradients
+        self.window.sync = sync_gradients
 
     def _add_dataloader(self, dataloader: Any) -> None:
         """Called by a prepared loader when its iteration starts: it becomes the active one."""
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
-        self.end_of_dataloader = False
-        self.remainder = -1
+        progress = self._progress
+        progress.active_dataloader = dataloader
+        progress.dataloader_references.append(dataloader)
+        progress.end_of_dataloader = False
+        progress.remainder = -1
 
     def _remove_dataloader(self, dataloader: Any) -> None:
         """Called when its iteration ends: the loader that was active before it becomes active again."""
-        if dataloader in self.dataloader_references:
-            self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1]
-        previous = self.active_dataloader
-        self.end_of_dataloader = bool(getattr(previous, "end_of_dataloader", False)) if previous else False
-        self.remainder = getattr(previous, "remainder", -1) if previous else -1
+        progress = self._progress
+        if dataloader in progress.dataloader_references:
+            progress.dataloader_references.remove(dataloader)
+        previous = progress.active_dataloader = progress.dataloader_references[-1]
+        progress.end_of_dataloader = bool(getattr(previous, "end_of_dataloader", False)) if previous else False
+        progress.remainder = getattr(previous, "remainder", -1) if previous else -1
 
 
 def is_initialized() -> bool:

@@ -40,7 +40,7 @@ def _fresh_state():
 
 def _everything(run, picky) -> dict[str, Any]:
     return {**snapshot(run), "python_rng": random.getstate(), "picky": set(picky.value),
-            "window": (run.acc._window_pos, run.acc._loss_divisor)}
+            "window": run.acc.window.state_dict()}
 
 
 def _fix_manifest(folder: Path, name: str) -> None:

@@ -214,21 +214,11 @@ def load_into(holder: Any, folder: str | os.PathLike, *, allow_pickle: bool = Fa
               load_kwargs: dict[str, Any] | None = None) -> AccelerateCheckpointReport:
     """``load_accelerate_checkpoint`` with the prepared objects of ``holder`` (what ``load_state`` was given),
     then the step counter it read."""
-    objects = getattr(holder, "objects", None)  # a TrainingState
-    if objects is not None:
-        pieces = dict(models=objects.models, optimizers=objects.optimizers, schedulers=objects.schedulers,
-                      dataloaders=objects.dataloaders, custom_objects=objects.custom_objects)
-    else:  # the Accelerator itself
-        pieces = dict(models=holder._models, optimizers=holder._optimizers, schedulers=holder._schedulers,
-                      dataloaders=holder._dataloaders, custom_objects=holder._custom_objects)
+    objects = holder.objects  # a TrainingState (overdrive.prepared)
     report = load_accelerate_checkpoint(
-        folder, **pieces, scaler=getattr(holder, "scaler", None),
-        process_index=int(getattr(holder, "process_index", getattr(holder, "local_process_index", 0))),
-        allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs)
+        folder, models=objects.models, optimizers=objects.optimizers, schedulers=objects.schedulers,
+        dataloaders=objects.dataloaders, custom_objects=objects.custom_objects, scaler=holder.scaler,
+        process_index=holder.process_index, allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs)
     if report.step is not None:
-        window = getattr(holder, "window", None)
-        if window is not None and hasattr(window, "step"):
-            window.step = report.step
-        elif hasattr(holder, "step"):
-            holder.step = report.step
+        holder.window.step = report.step
     return report

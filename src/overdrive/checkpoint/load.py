@@ -39,9 +39,10 @@ from overdrive.checkpoint.storage import (
     read_manifest,
     verify_files,
 )
+from overdrive.prepared import TrainingState
 
 
-def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, allow_pickle: bool = False,
+def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *, allow_pickle: bool = False,
                strict: bool = True, verify: bool = True, load_kwargs: dict[str, Any] | None = None,
                **unexpected: Any) -> str:
     """Restore what :func:`~overdrive.checkpoint.save.save_state` saved; return the folder.
@@ -56,12 +57,12 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
     wait_for_pending_save()  # a checkpoint being written in the background is published first
     group = Group()
     group.arrive("load_state")  # before any collective
-    project = accelerator.project_configuration
+    project = run.project
     folder = Path(group.run_on_main(lambda: str(_find(project, input_dir)), "load_state"))
     from overdrive.checkpoint.accelerate_format import is_accelerate_checkpoint, load_into
 
     if is_accelerate_checkpoint(folder):  # written by Accelerate's save_state: read its files as they are
-        load_into(accelerator, folder, allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs)
+        load_into(run, folder, allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs)
         return str(folder)
     error, manifest = None, {}
     try:
@@ -80,24 +81,24 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
         state = read_json(folder / STATE_FILE)
         mine = folder / rank_file(group.rank)
         ranked = read_json(mine) if mine.is_file() else None
-        models = list(accelerator._models)
-        for hook in accelerator._load_state_pre_hooks.values():
+        models = list(run.objects.models)
+        for hook in run.objects.load_hooks.values():
             hook(models, str(folder))  # a hook that loads a model itself pops it
-        engine = engine_of(accelerator)
-        wanted = [i for i, model in enumerate(accelerator._models) if any(model is m for m in models)
+        engine = engine_of(run)
+        wanted = [i for i, model in enumerate(run.objects.models) if any(model is m for m in models)
                   and not (engine is not None and engine.owns(model))]
         reader = SafeFileSystemReader(folder, allow_pickle=allow_pickle)
         plan = _Plan(reader.read_metadata(), folder, strict)
-        plan.problems += _count_problems(accelerator, state)
-        plan.add_models(accelerator, state, wanted)
-        plan.add_optimizers(accelerator, state)
+        plan.problems += _count_problems(run, state)
+        plan.add_models(run, state, wanted)
+        plan.add_optimizers(run, state)
         plan.add_references(state)
         plan.raise_problems()
         loader_states = [loader_state_for(decode(record), loader, i)
-                         for i, (record, loader) in enumerate(zip(state["dataloaders"], accelerator._dataloaders))]
+                         for i, (record, loader) in enumerate(zip(state["dataloaders"], run.objects.dataloaders))]
         # Everything is decoded before anything changes: a value refused here (a set without allow_pickle,
         # a damaged record) leaves the run as it was. Tensors referred to are filled by the reads below.
-        decoded = plan.decode_objects(accelerator, state, ranked, allow_pickle)
+        decoded = plan.decode_objects(run, state, ranked, allow_pickle)
     except Exception as exc:  # noqa: BLE001 - reported on every rank
         error = exc
     group.check(error, f"load_state({str(folder)!r})")
@@ -105,14 +106,14 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
 
     # From here on, a failure on any rank puts back what was changed (the snapshot); the model and optimizer
     # tensors are read in place last, once everything else is in.
-    snapshot = Snapshot(Pieces(accelerator))
+    snapshot = Snapshot(Pieces(run))
     planner = lambda: SafeLoadPlanner(allow_pickle)  # noqa: E731 - one planner per read
     objects, tensors = plan.split_targets()
     if objects:  # the same on every rank (state.json is rank 0's); only tensors, filled in place
         run_dcp(lambda: dcp.load(objects, storage_reader=reader, planner=planner(), no_dist=not group.active))
     error = None
     try:
-        plan.apply_objects(accelerator, decoded)
+        plan.apply_objects(run, decoded)
     except Exception as exc:  # noqa: BLE001 - reported on every rank
         error = exc
     _check_or_restore(group, error, snapshot, f"load_state({str(folder)!r}) could not restore the training state",
@@ -126,9 +127,9 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
     error = None
     try:
         if engine is not None:
-            engine.load(folder, list(accelerator._models), allow_pickle=allow_pickle)
-        plan.apply_tensors(accelerator, state)
-        _restore_process_state(accelerator, state, decoded, loader_states, manifest, group)
+            engine.load(folder, list(run.objects.models), allow_pickle=allow_pickle)
+        plan.apply_tensors(run, state)
+        _restore_process_state(run, state, decoded, loader_states, manifest, group)
     except Exception as exc:  # noqa: BLE001 - reported on every rank
         error = exc
     _check_or_restore(group, error, snapshot, f"load_state({str(folder)!r}) could not restore the training state")
@@ -165,14 +166,14 @@ def _sibling_hint(path: Path) -> str:
     return f", e.g. {parent}" if (parent / "manifest.json").is_file() else ""
 
 
-def _count_problems(accelerator: Any, state: dict[str, Any]) -> list[str]:
-    pairs = [("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers),
-             ("dataloaders", accelerator._dataloaders), ("custom_objects", accelerator._custom_objects)]
+def _count_problems(run: TrainingState, state: dict[str, Any]) -> list[str]:
+    pairs = [("optimizers", run.objects.optimizers), ("schedulers", run.objects.schedulers),
+             ("dataloaders", run.objects.dataloaders), ("custom_objects", run.objects.custom_objects)]
     wrong = [f"{len(state[key])} {key.replace('_', ' ')} (this run has {len(ours)})"
              for key, ours in pairs if len(state[key]) != len(ours)]
-    extra = [i for i in state["models"] if i >= len(accelerator._models)]
+    extra = [i for i in state["models"] if i >= len(run.objects.models)]
     if extra:
-        wrong.insert(0, f"model {extra[0]} (this run has {len(accelerator._models)} models)")
+        wrong.insert(0, f"model {extra[0]} (this run has {len(run.objects.models)} models)")
     if not wrong:
         return []
     return [f"the checkpoint holds {', '.join(wrong)}; prepare (and register_for_checkpointing) the same objects, "
@@ -217,23 +218,23 @@ class _Plan:
             if key in saved:
                 self.targets[prefix + key] = value
 
-    def add_models(self, accelerator: Any, state: dict[str, Any], wanted: list[int]) -> None:
+    def add_models(self, run: TrainingState, state: dict[str, Any], wanted: list[int]) -> None:
         saved_models = list(state["models"])
         for i in wanted:
             if i not in saved_models:
                 self.problems.append(f"model {i}: the checkpoint has no weights for it (it holds models "
                                      f"{saved_models}); a save hook may have saved it in its own format")
                 continue
-            target = ModelState(accelerator._models[i]).state_dict()
-            self._compare(f"model {i} ({type(accelerator.unwrap_model(accelerator._models[i])).__name__})",
+            target = ModelState(run.objects.models[i]).state_dict()
+            self._compare(f"model {i} ({type(run.unwrap_model(run.objects.models[i])).__name__})",
                           f"model_{i}.", target, self.strict)
 
-    def add_optimizers(self, accelerator: Any, state: dict[str, Any]) -> None:
-        for j, prepared in enumerate(accelerator._optimizers):
+    def add_optimizers(self, run: TrainingState, state: dict[str, Any]) -> None:
+        for j, prepared in enumerate(run.objects.optimizers):
             if j >= len(state["optimizers"]) or not state["optimizers"][j]["has_state"]:
                 continue
             inner = getattr(prepared, "optimizer", prepared)
-            nested = OptimizerState(inner, optimizer_owner(inner, accelerator._models)).nested_state_dict()
+            nested = OptimizerState(inner, optimizer_owner(inner, run.objects.models)).nested_state_dict()
             self.groups[j] = nested[GROUPS]
             prefix = f"optimizer_{j}."
             target = flatten_optimizer(nested)
@@ -275,43 +276,43 @@ class _Plan:
         objects = {k: v for k, v in self.targets.items() if k.startswith(("scheduler_", "custom_"))}
         return objects, {k: v for k, v in self.targets.items() if k not in objects}
 
-    def decode_objects(self, accelerator: Any, state: dict[str, Any], ranked: dict[str, Any] | None,
+    def decode_objects(self, run: TrainingState, state: dict[str, Any], ranked: dict[str, Any] | None,
                        allow_pickle: bool) -> dict[str, Any]:
         """Every value of state.json / rank_<r>.json, decoded; tensors are the targets the reads fill."""
         source = self.targets.__getitem__
         schedulers = [None if state["schedulers"][i] is None
                       else decode(state["schedulers"][i], source, allow_pickle, f"scheduler_{i}")
-                      for i in range(len(accelerator._schedulers))]
+                      for i in range(len(run.objects.schedulers))]
         custom = [decode(state["custom_objects"][i], source, allow_pickle, f"custom_{i}")
-                  for i in range(len(accelerator._custom_objects))]
+                  for i in range(len(run.objects.custom_objects))]
         scaler = decode(state["scaler"]) if state.get("scaler") is not None else None
         generators = [None if g is None else decode(g) for g in (ranked or {}).get("loader_generators", [])]
         rng = decode(ranked["rng"], allow_pickle=allow_pickle) if ranked is not None else None
         return {"schedulers": schedulers, "custom": custom, "scaler": scaler, "generators": generators, "rng": rng,
                 "has_scaler": state.get("scaler") is not None}
 
-    def apply_objects(self, accelerator: Any, decoded: dict[str, Any]) -> None:
+    def apply_objects(self, run: TrainingState, decoded: dict[str, Any]) -> None:
         """Hand the decoded values to the schedulers, registered objects and the loss scaler."""
-        for scheduler, value in zip(accelerator._schedulers, decoded["schedulers"]):
+        for scheduler, value in zip(run.objects.schedulers, decoded["schedulers"]):
             if value is not None:  # None: restored by the strategy's engine
                 scheduler.load_state_dict(value)
-        for obj, value in zip(accelerator._custom_objects, decoded["custom"]):
+        for obj, value in zip(run.objects.custom_objects, decoded["custom"]):
             obj.load_state_dict(value)
         if decoded["has_scaler"]:
-            if accelerator.scaler is None:
+            if run.scaler is None:
                 warnings.warn("the checkpoint holds fp16 loss-scaler state but this run has no scaler "
                               "(mixed_precision changed?); it is not restored", stacklevel=4)
             else:
-                accelerator.scaler.load_state_dict(decoded["scaler"])
+                run.scaler.load_state_dict(decoded["scaler"])
 
-    def apply_tensors(self, accelerator: Any, state: dict[str, Any]) -> None:
+    def apply_tensors(self, run: TrainingState, state: dict[str, Any]) -> None:
         """Hand the loaded values to the models and optimizers."""
         for i in state["models"]:
             prefix = f"model_{i}."
             values = {k[len(prefix):]: v for k, v in self.targets.items() if k.startswith(prefix)}
-            if values and i < len(accelerator._models):
-                ModelState(accelerator._models[i]).load_state_dict(values, strict=self.strict)
-        for j, prepared in enumerate(accelerator._optimizers):
+            if values and i < len(run.objects.models):
+                ModelState(run.objects.models[i]).load_state_dict(values, strict=self.strict)
+        for j, prepared in enumerate(run.objects.optimizers):
             inner = getattr(prepared, "optimizer", prepared)
             info = state["optimizers"][j]
             if info.get("engine"):
@@ -321,7 +322,7 @@ class _Plan:
                 continue
             prefix = f"optimizer_{j}."
             values = {k[len(prefix):]: v for k, v in self.targets.items() if k.startswith(prefix)}
-            OptimizerState(inner, optimizer_owner(inner, accelerator._models)).load_state_dict(values, self.groups[j])
+            OptimizerState(inner, optimizer_owner(inner, run.objects.models)).load_state_dict(values, self.groups[j])
 
 
 def _names(keys: list[str], limit: int = 8) -> str:
@@ -340,24 +341,20 @@ def _references(encoded: Any) -> list[str]:
     return []
 
 
-def _restore_process_state(accelerator: Any, state: dict[str, Any], decoded: dict[str, Any],
+def _restore_process_state(run: TrainingState, state: dict[str, Any], decoded: dict[str, Any],
                            loader_states: list[dict[str, Any]], manifest: dict[str, Any], group: Group) -> None:
     """Counters, data-loader positions and, last, this rank's RNG states."""
     counters = state["counters"]
-    accelerator.step = int(counters["step"])
-    accelerator._window_pos = int(counters["window_pos"])
-    accelerator._window_size = int(counters["window_size"])
-    accelerator._loss_divisor = int(counters["loss_divisor"])
-    accelerator.project_configuration.iteration = int(counters["iteration"])
+    run.load_counters(counters)
     generators = decoded["generators"]
-    for i, (loader, loader_state) in enumerate(zip(accelerator._dataloaders, loader_states)):
+    for i, (loader, loader_state) in enumerate(zip(run.objects.dataloaders, loader_states)):
         loader.load_state_dict(loader_state)
         generator = getattr(loader, "generator", None)
         if generator is not None and i < len(generators) and generators[i] is not None:
             generator.set_state(generators[i])
     saved_world = int(manifest["world_size"])
     if decoded["rng"] is not None:
-        restore_rng(decoded["rng"], accelerator.device)
+        restore_rng(decoded["rng"], run.device)
     elif group.rank == saved_world:  # the first rank without a saved state speaks for all of them
         ranks = (f"rank {saved_world} has" if group.size - saved_world == 1
                  else f"ranks {saved_world}-{group.size - 1} have")

@@ -7,9 +7,12 @@ that can fail has been decoded and applied: copying them would double the memory
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from overdrive.checkpoint.state import capture_rng, restore_rng
+
+if TYPE_CHECKING:
+    from overdrive.prepared import TrainingState
 
 
 def _copy(value: Any) -> Any:
@@ -62,26 +65,18 @@ class Snapshot:
 
 
 class Pieces:
-    """The parts of a training run a load restores, read from the ``Accelerator``."""
+    """The parts of a training run a load restores, from the ``TrainingState`` the Accelerator handed over."""
 
-    def __init__(self, accelerator: Any) -> None:
-        self.accelerator = accelerator
-        self.schedulers = [s for s in accelerator._schedulers]
-        self.custom_objects = list(accelerator._custom_objects)
-        self.scaler = accelerator.scaler
-        self.dataloaders = list(accelerator._dataloaders)
-        self.device = accelerator.device
+    def __init__(self, run: TrainingState) -> None:
+        self.run = run
+        self.schedulers = list(run.objects.schedulers)
+        self.custom_objects = list(run.objects.custom_objects)
+        self.scaler = run.scaler
+        self.dataloaders = list(run.objects.dataloaders)
+        self.device = run.device
 
     def get_counters(self) -> dict[str, Any]:
-        acc = self.accelerator
-        return {"step": acc.step, "window_pos": acc._window_pos,
-                "window_size": getattr(acc, "_window_size", acc._loss_divisor), "loss_divisor": acc._loss_divisor,
-                "iteration": acc.project_configuration.iteration}
+        return {**self.run.window.state_dict(), "iteration": self.run.project.iteration}
 
     def set_counters(self, counters: dict[str, Any]) -> None:
-        acc = self.accelerator
-        acc.step = int(counters["step"])
-        acc._window_pos = int(counters["window_pos"])
-        acc._window_size = int(counters["window_size"])
-        acc._loss_divisor = int(counters["loss_divisor"])
-        acc.project_configuration.iteration = int(counters["iteration"])
+        self.run.load_counters(counters)

@@ -37,6 +37,7 @@ from overdrive.checkpoint.storage import (
     manifest_data,
     write_json,
 )
+from overdrive.prepared import TrainingState
 
 STATE_FILE = "state.json"
 
@@ -49,56 +50,56 @@ def rank_file(rank: int) -> str:
 WRITER_THREADS = 2
 
 
-def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
+def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
                async_save: bool | None = None, **unexpected: Any) -> str:
-    """Save everything ``accelerator`` trains with into ``output_dir``; return the folder.
+    """Save every piece of ``run`` (the Accelerator's training state) into ``output_dir``; return the folder.
 
     Call it on every process. See :meth:`overdrive.Accelerator.save_state`.
     """
     del safe_serialization  # checkpoints are always DCP files + JSON, read back without unpickling
     if unexpected:
         raise TypeError(f"save_state() got unexpected arguments {sorted(unexpected)}")
-    if not any((accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders,
-                accelerator._custom_objects)):
+    objects = run.objects
+    if not any((objects.models, objects.optimizers, objects.schedulers, objects.dataloaders, objects.custom_objects)):
         raise CheckpointError("save_state(): nothing to save: no model, optimizer, scheduler or data loader was "
                               "prepared and no object registered; call accelerator.prepare(...) (or "
                               "register_for_checkpointing) first. Nothing was written")
     background.wait_for_pending_save()  # the previous async save is published first
     group = Group()
     group.arrive("save_state")  # before any collective
-    project = accelerator.project_configuration
+    project = run.project
     if async_save is None:
         async_save = bool(getattr(project, "async_save", False))
     target_name, token = group.run_on_main(
         lambda: (str(naming.save_target(project, output_dir)), uuid.uuid4().hex[:16]), "save_state")
     target = Path(target_name)
-    if accelerator._window_pos:
+    if run.window.position:
         warnings.warn(
-            f"save_state() in the middle of an accumulation window (micro-batch {accelerator._window_pos} of "
-            f"{getattr(accelerator, '_window_size', '?')}): the gradients accumulated so far are not saved, so a "
+            f"save_state() in the middle of an accumulation window (micro-batch {run.window.position} of "
+            f"{run.window.size}): the gradients accumulated so far are not saved, so a "
             "resumed run starts this window without them. Save after an optimizer step (when "
             "accelerator.sync_gradients is True) for an exact resume", stacklevel=3)
 
     temporary = naming.temporary_path(target, token)
     leader, needed = False, 0
     try:
-        leader, replicate = _prepare_folder(accelerator, group, temporary, token)
+        leader, replicate = _prepare_folder(run, group, temporary, token)
         error, kept = None, []
         try:  # hooks write into the folder being built, so what they write is published with it
-            kept = _run_save_hooks(accelerator, temporary)
+            kept = _run_save_hooks(run, temporary)
         except Exception as exc:  # noqa: BLE001 - reported on every rank
             error = exc
         group.check(error, f"save_state({str(target)!r}): a save_state pre-hook failed")
         kept = group.broadcast(kept)  # the main process's choice
         try:
-            flat, summary = _write_json_parts(accelerator, group, temporary, kept)
+            flat, summary = _write_json_parts(run, group, temporary, kept)
         except Exception as exc:  # noqa: BLE001 - reported on every rank
             error, flat, summary = exc, {}, {}
         group.check(error, f"save_state({str(target)!r}) could not collect the training state")
-        engine = engine_of(accelerator)
+        engine = engine_of(run)
         if engine is not None:  # inside the temporary folder, so the manifest covers its files
             try:
-                engine.save(temporary, list(accelerator._models))
+                engine.save(temporary, list(run.objects.models))
             except Exception as exc:  # noqa: BLE001 - reported on every rank
                 error = exc
             group.check(error, f"save_state({str(target)!r}): the engine could not save its state")
@@ -112,10 +113,10 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
 
         def publish(over: Group, metadata: Any) -> None:
             everything = over.gather(_describe_own_files(over, temporary, metadata))
-            over.run_on_main(lambda: _finish(accelerator, over, temporary, target, token, everything, summary),
+            over.run_on_main(lambda: _finish(run, over, temporary, target, token, everything, summary),
                              f"save_state({str(target)!r}) could not publish the checkpoint")
             if replicate:
-                _replicate(accelerator, over, temporary if leader and over.rank != 0 else None, target, token)
+                _replicate(run, over, temporary if leader and over.rank != 0 else None, target, token)
 
         if async_save:
             background.start(flat, writer, planner, group, target, temporary, leader, needed, publish)
@@ -139,29 +140,29 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     return str(target)
 
 
-def _run_save_hooks(accelerator: Any, folder: Path) -> list[int]:
+def _run_save_hooks(run: TrainingState, folder: Path) -> list[int]:
     """Run the save pre-hooks with the folder being written; return the indices of the models still to
     save (hooks that save a model themselves pop its entry from ``weights``)."""
-    hooks = list(accelerator._save_state_pre_hooks.values())
+    hooks = list(run.objects.save_hooks.values())
     if not hooks:
-        return list(range(len(accelerator._models)))
-    models = list(accelerator._models)
-    weights = [accelerator.unwrap_model(model).state_dict() for model in models]
+        return list(range(len(run.objects.models)))
+    models = list(run.objects.models)
+    weights = [run.unwrap_model(model).state_dict() for model in models]
     original = list(weights)
     for hook in hooks:
         hook(models, weights, str(folder))
     return [i for i, w in enumerate(original) if any(w is other for other in weights)]
 
 
-def _prepare_folder(accelerator: Any, group: Group, temporary: Path, token: str) -> tuple[bool, bool]:
+def _prepare_folder(run: TrainingState, group: Group, temporary: Path, token: str) -> tuple[bool, bool]:
     """Create the temporary folder. Return whether this rank does the file-system steps, and whether
     the finished checkpoint must be copied to other machines.
 
     The file-system steps are rank 0's, or with ``save_on_each_node`` each machine's first process's,
     unless the folder turns out to be on a file system that every machine shares.
     """
-    project = accelerator.project_configuration
-    local_main = accelerator.local_process_index == 0
+    project = run.project
+    local_main = run.local_process_index == 0
     if not (project.save_on_each_node and group.active):
         if group.rank == 0:
             naming.clean_temporaries(temporary.parent, token, _cleaned_name(project, temporary))
@@ -187,44 +188,44 @@ def _cleaned_name(project: Any, temporary: Path) -> str | None:
     return None if project.automatic_checkpoint_naming else temporary.name[1:].rsplit(".tmp-", 1)[0]
 
 
-def engine_of(accelerator: Any) -> Any:
+def engine_of(run: TrainingState) -> Any:
     """The strategy's engine checkpoint (DeepSpeed), which saves the objects it ``owns`` itself; or None."""
-    return getattr(getattr(accelerator, "strategy", None), "engine_checkpoint", None)
+    return run.engine
 
 
-def _write_json_parts(accelerator: Any, group: Group, folder: Path, kept: list[int]) -> tuple[dict, dict]:
+def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list[int]) -> tuple[dict, dict]:
     """Write ``rank_<r>.json`` (and ``state.json`` on rank 0); return DCP's flat state dict and a summary."""
-    engine = engine_of(accelerator)
+    engine = engine_of(run)
     owned = engine.owns if engine is not None else lambda obj: False
-    kept = [i for i in kept if not owned(accelerator._models[i])]
+    kept = [i for i in kept if not owned(run.objects.models[i])]
     flat: dict[str, Any] = {}
     model_keys = []
     for i in kept:
-        state = ModelState(accelerator._models[i]).state_dict()
+        state = ModelState(run.objects.models[i]).state_dict()
         flat.update({f"model_{i}.{k}": v for k, v in state.items()})
         model_keys.append(list(state))
     optimizers = []
-    for j, prepared in enumerate(accelerator._optimizers):
+    for j, prepared in enumerate(run.objects.optimizers):
         if owned(prepared):
             optimizers.append({"has_state": False, "engine": True})
             continue
         inner = getattr(prepared, "optimizer", prepared)
-        adapter = OptimizerState(inner, optimizer_owner(inner, accelerator._models))
+        adapter = OptimizerState(inner, optimizer_owner(inner, run.objects.models))
         if adapter.has_state:
             flat.update({f"optimizer_{j}.{k}": v for k, v in adapter.state_dict().items()})
             optimizers.append({"has_state": True})
         else:  # hyperparameters only (a scheduler may have changed them); no state to shard
             optimizers.append({"has_state": False, "param_groups": encode(inner.state_dict()["param_groups"])})
 
-    device = accelerator.device
-    generators = [getattr(loader, "generator", None) for loader in accelerator._dataloaders]
+    device = run.device
+    generators = [getattr(loader, "generator", None) for loader in run.objects.dataloaders]
     write_json(folder / rank_file(group.rank), {
         "rank": group.rank, "rng": encode(capture_rng(device)),
         "loader_generators": [None if g is None else encode(g.get_state()) for g in generators]})
-    summary = {"models": kept, "optimizers": len(optimizers), "schedulers": len(accelerator._schedulers),
-               "dataloaders": len(accelerator._dataloaders), "custom_objects": len(accelerator._custom_objects),
-               "scaler": accelerator.scaler is not None, "step": accelerator.step,
-               "iteration": accelerator.project_configuration.iteration}
+    summary = {"models": kept, "optimizers": len(optimizers), "schedulers": len(run.objects.schedulers),
+               "dataloaders": len(run.objects.dataloaders), "custom_objects": len(run.objects.custom_objects),
+               "scaler": run.scaler is not None, "step": run.window.step,
+               "iteration": run.project.iteration}
     if group.rank != 0:
         return flat, summary
 
@@ -237,22 +238,18 @@ def _write_json_parts(accelerator: Any, group: Group, folder: Path, kept: list[i
 
     pickled: list[str] = []
     custom = [encode(obj.state_dict(), sink(f"custom_{i}"), f"custom_{i}", pickled)
-              for i, obj in enumerate(accelerator._custom_objects)]
+              for i, obj in enumerate(run.objects.custom_objects)]
     if pickled:
         warnings.warn(f"save_state(): {', '.join(pickled)} could only be saved with pickle; load_state() will need "
                       "allow_pickle=True to read them back", stacklevel=4)
-    scaler_state = accelerator.scaler.state_dict() if accelerator.scaler is not None else None
+    scaler_state = run.scaler.state_dict() if run.scaler is not None else None
     write_json(folder / STATE_FILE, {
-        "counters": {"step": accelerator.step, "window_pos": accelerator._window_pos,
-                     "window_size": getattr(accelerator, "_window_size", accelerator._loss_divisor),
-                     "loss_divisor": accelerator._loss_divisor,
-                     "num_steps": accelerator.gradient_accumulation_steps,
-                     "iteration": accelerator.project_configuration.iteration + 1},
+        "counters": run.counters,
         "models": kept, "model_keys": model_keys, "optimizers": optimizers,
         "schedulers": [None if owned(s) else encode(s.state_dict(), sink(f"scheduler_{i}"), f"scheduler_{i}", pickled)
-                       for i, s in enumerate(accelerator._schedulers)],
+                       for i, s in enumerate(run.objects.schedulers)],
         "scaler": encode(scaler_state) if scaler_state else None,
-        "dataloaders": [encode(loader_record(loader)) for loader in accelerator._dataloaders],
+        "dataloaders": [encode(loader_record(loader)) for loader in run.objects.dataloaders],
         "custom_objects": custom})
     return flat, summary
 
@@ -266,7 +263,7 @@ def _describe_own_files(group: Group, folder: Path, metadata: Any) -> dict[str, 
     return describe_many(folder, names, group.rank)
 
 
-def _finish(accelerator: Any, group: Group, temporary: Path, target: Path, token: str,
+def _finish(run: TrainingState, group: Group, temporary: Path, target: Path, token: str,
             everything: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     """On rank 0: write the manifest, rename the folder into place, apply ``total_limit``."""
     naming.release(temporary)  # complete: the owner file is not part of the checkpoint
@@ -280,12 +277,12 @@ def _finish(accelerator: Any, group: Group, temporary: Path, target: Path, token
     write_json(temporary / MANIFEST, manifest_data(files, group.size, summary))
     target.parent.mkdir(parents=True, exist_ok=True)
     naming.publish(temporary, target, token)
-    project = accelerator.project_configuration
+    project = run.project
     if project.automatic_checkpoint_naming:
         naming.prune(target.parent, project.total_limit, keep=target)
 
 
-def _replicate(accelerator: Any, group: Group, temporary: Path | None, target: Path, token: str) -> None:
+def _replicate(run: TrainingState, group: Group, temporary: Path | None, target: Path, token: str) -> None:
     """``save_on_each_node`` on machines that do not share the folder: rank 0 sends its global files to
     every machine's first process, which publishes that machine's copy (``temporary`` is ``None`` on the
     other ranks). A collective: every rank calls it."""
@@ -301,7 +298,7 @@ def _replicate(accelerator: Any, group: Group, temporary: Path | None, target: P
                     os.fsync(f.fileno())
             naming.release(temporary)
             naming.publish(temporary, target, token)
-            project = accelerator.project_configuration
+            project = run.project
             if project.automatic_checkpoint_naming:
                 naming.prune(target.parent, project.total_limit, keep=target)
         except Exception as exc:  # noqa: BLE001 - reported on every rank

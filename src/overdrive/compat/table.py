@@ -209,7 +209,6 @@ NAMES: dict[str, dict[str, str]] = {
 
 #: names another part of overdrive is building: name -> who (tests skip them, naming the owner, until they exist)
 PENDING: dict[str, str] = {
-    "TorchDynamoPlugin": "arch-core (issue 11): TorchDynamoPlugin in the config layer",
     **dict.fromkeys(_BIG_MODEL_UTILS, "bigmodel (issue 13): big-model compat modules"),
     "prepare_pippy": "bigmodel (issue 13): big-model compat modules",
 }

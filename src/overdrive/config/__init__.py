@@ -10,10 +10,13 @@ the environment into one frozen plan. One file per theme:
 - ``project``: ``ProjectConfiguration``, ``DataLoaderConfiguration``
 - ``parallelism`` / ``pipeline``: ``ParallelismConfig``, ``TorchTensorParallelPlugin``, ``PipelineConfig``
 - ``fsdp``, ``deepspeed`` (+ ``deepspeed_json``), ``megatron``: the strategy plugins
+- ``compile``: ``TorchDynamoPlugin``, ``ActivationCheckpointingKwargs`` (the model path,
+  the same under every strategy)
 """
 
 from __future__ import annotations
 
+from overdrive.config.compile import ActivationCheckpointingKwargs, TorchDynamoPlugin
 from overdrive.config.deepspeed import DeepSpeedPlugin
 from overdrive.config.enums import (
     DDPCommunicationHookType,
@@ -44,6 +47,7 @@ __all__ = [
     "AO_RECIPE_NAMES",
     "FSDP_CONFIG_KEYS",
     "AORecipeKwargs",
+    "ActivationCheckpointingKwargs",
     "AutocastKwargs",
     "DataLoaderConfiguration",
     "DDPCommunicationHookType",
@@ -64,6 +68,7 @@ __all__ = [
     "ProjectConfiguration",
     "RNGType",
     "TERecipeKwargs",
+    "TorchDynamoPlugin",
     "TorchTensorParallelPlugin",
     "enum_choice",
     "field_names",

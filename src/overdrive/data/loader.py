@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from overdrive.data.sampler import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
 from overdrive.ops import send_to_device
+from overdrive.runtime import group
 from overdrive.state import GradientState
 
 _END = object()  # no more batches
@@ -33,7 +34,7 @@ def loader_settings(dataloader: DataLoader) -> dict[str, Any]:
 
 
 def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return group.is_distributed()
 
 
 def shared_seed(sampler: RandomSampler, data_seed: int | None) -> int:

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from overdrive.data.dispatch import DataLoaderDispatcher
@@ -24,6 +23,7 @@ from overdrive.data.sampler import (
     IterableDatasetShard,
     SkipBatchSampler,
 )
+from overdrive.runtime import group
 from overdrive.state import GradientState
 
 
@@ -44,10 +44,8 @@ def _processes(num_processes: int | None, process_index: int | None, mesh: Any) 
         return num_processes, process_index  # given (e.g. the data-parallel place): never the global rank
     if mesh is not None:
         size, index = _data_parallel_place(mesh)
-    elif dist.is_available() and dist.is_initialized():
-        size, index = dist.get_world_size(), dist.get_rank()
     else:
-        size, index = 1, 0
+        size, index = group.world_size(), group.rank()
     return (size if num_processes is None else num_processes), (index if process_index is None else process_index)
 
 

@@ -21,7 +21,10 @@ _EXPORTS = {
     "launch_config": "overdrive.launchers.protocol",
     "ProcessPlan": "overdrive.resolve.process",
     "resolve_process": "overdrive.resolve.process",
-    "AccumulationPlan": "overdrive.resolve.training",
+    "SingleSettings": "overdrive.resolve.training",
+    "DDPSettings": "overdrive.resolve.training",
+    "FSDP2Settings": "overdrive.resolve.training",
+    "PipelineStrategySettings": "overdrive.resolve.training",
     "TrainingPlan": "overdrive.resolve.training",
     "resolve_parallelism": "overdrive.resolve.training",
     "resolve_training": "overdrive.resolve.training",
@@ -36,7 +39,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.resolve.deepspeed import DeepSpeedSettings
     from overdrive.resolve.process import ProcessPlan, resolve_process
     from overdrive.resolve.training import (
-        AccumulationPlan,
+        DDPSettings,
+        FSDP2Settings,
+        PipelineStrategySettings,
+        SingleSettings,
         TrainingPlan,
         resolve_parallelism,
         resolve_training,

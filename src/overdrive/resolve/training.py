@@ -7,11 +7,15 @@ choices.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from overdrive.config import (
+    ActivationCheckpointingKwargs,
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -26,6 +30,7 @@ from overdrive.config import (
     ProjectConfiguration,
     RNGType,
     TERecipeKwargs,
+    TorchDynamoPlugin,
     TorchTensorParallelPlugin,
     field_names,
 )
@@ -33,23 +38,58 @@ from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config  # noq
 from overdrive.precision import PrecisionPolicy, precision_policy
 from overdrive.resolve.process import ProcessPlan, resolve_process  # noqa: F401 - re-exported
 from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
+from overdrive.transforms.path import CompileSettings, ModelTransforms
+
+
+# -- each strategy's own settings, typed: a misspelt setting is a TypeError, not silently dropped -----------
+@dataclass(frozen=True)
+class SingleSettings:
+    """One process: nothing to set."""
 
 
 @dataclass(frozen=True)
-class AccumulationPlan:
-    num_steps: int = 1
-    adjust_scheduler: bool = True
-    sync_with_dataloader: bool = True
-    sync_each_batch: bool = False
+class DDPSettings:
+    """``DistributedDataParallel``'s arguments and communication hook."""
+
+    options: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
+
+
+@dataclass(frozen=True)
+class FSDP2Settings:
+    """Sharding (``fully_shard``) settings; precision, compile and checkpointing are the model path's."""
+
+    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
+
+
+@dataclass(frozen=True)
+class PipelineStrategySettings:
+    """A resolved pipeline: its schedule, and the strategy (with its settings) that wraps each stage."""
+
+    schedule: str
+    num_microbatches: int
+    stages_per_rank: int
+    stage_strategy: str
+    stage_settings: Any
+    split_points: tuple[str, ...] | None = None
+    balance: str = "layers"
+    loss_fn: Callable[..., Any] | None = None
+    #: make each stage equal over the processes holding it, from the first of them
+    sync_module_states: bool = True
+    #: the pipeline rank holding the last stage, whose outputs count when results are gathered
+    output_pp_rank: int = 0
 
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    """Everything an ``Accelerator`` does differently from plain PyTorch, decided once."""
+    """Everything an ``Accelerator`` does differently from plain PyTorch, decided once.
+
+    It holds copies of the user's configuration objects; what changes while training (the project's
+    checkpoint iteration, the data loaders' ``even_batches``) is the Accelerator's runtime state."""
 
     strategy: str
     precision: PrecisionPolicy
-    accumulation: AccumulationPlan
+    #: the accumulation settings (a copy, with ``num_steps`` resolved)
+    accumulation: GradientAccumulationPlugin
     dataloader: DataLoaderConfiguration
     device_placement: bool = True
     step_scheduler_with_optimizer: bool = True
@@ -60,21 +100,33 @@ class TrainingPlan:
     profile: ProfileKwargs | None = None
     project: ProjectConfiguration = field(default_factory=ProjectConfiguration)
     log_with: tuple[Any, ...] = ()
-    dynamo_backend: str | None = None
+    #: the strategy's own typed settings (``SingleSettings``, ``DDPSettings``, ``FSDP2Settings``,
+    #: ``PipelineStrategySettings`` or DeepSpeed's ``DeepSpeedSettings``)
+    strategy_settings: Any = field(default_factory=SingleSettings)
+    #: the model path every strategy runs: tensor parallel, activation checkpointing, compile, precision
+    transforms: ModelTransforms = field(default_factory=ModelTransforms)
     #: how the processes divide the work (plain DDP: dp_replicate = every process)
     dims: ParallelDims = field(default_factory=ParallelDims)
     #: whether the job asked for a device mesh (a parallelism config, FSDP or tensor parallel)
     uses_mesh: bool = False
-    fsdp: FullyShardedDataParallelPlugin | None = None
-    tp: TorchTensorParallelPlugin | None = None
     cp_comm_strategy: str = "allgather"
-    #: with pp_size > 1: the pipeline settings, and the strategy that wraps each stage ("single", "ddp", "fsdp2")
-    pipeline: PipelineConfig | None = None
-    stage_strategy: str | None = None
     #: with DeepSpeed: the plugins and the settings that fill their "auto" values (a ``DeepSpeedSettings``)
     deepspeed: Any = None
     #: with mixed_precision="fp8": the recipe (``AORecipeKwargs`` / ``TERecipeKwargs``, defaults filled in)
     fp8: AORecipeKwargs | TERecipeKwargs | None = None
+    #: the FSDP plugin given (a copy), or None: what ``AcceleratorState.fsdp_plugin`` reports
+    fsdp: FullyShardedDataParallelPlugin | None = None
+
+    @property
+    def dynamo_backend(self) -> str | None:
+        """The ``torch.compile`` backend, or None without compilation."""
+        return self.transforms.compile.backend if self.transforms.compile is not None else None
+
+    @property
+    def output_pp_rank(self) -> int:
+        """The pipeline rank whose outputs count (the last one, or rank 0 for V-shaped schedules)."""
+        settings = self.strategy_settings
+        return settings.output_pp_rank if isinstance(settings, PipelineStrategySettings) else self.dims.pp - 1
 
 
 @dataclass(frozen=True)
@@ -163,6 +215,7 @@ _HANDLER_SLOTS = {
     InitProcessGroupKwargs: "init",
     AORecipeKwargs: "fp8",
     TERecipeKwargs: "fp8",
+    ActivationCheckpointingKwargs: "checkpointing",
 }
 
 
@@ -220,7 +273,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
                      dataloader_config: DataLoaderConfiguration | None, device_placement: bool | None,
                      step_scheduler_with_optimizer: bool, rng_types: list[str | RNGType] | None,
                      handlers: dict[str, Any], project_config: ProjectConfiguration | None,
-                     log_with: Any, dynamo_backend: str | None,
+                     log_with: Any, dynamo_backend: str | None, dynamo_plugin: TorchDynamoPlugin | None = None,
                      fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
                      parallelism_config: ParallelismConfig | None = None,
                      tp_plugin: TorchTensorParallelPlugin | None = None, deepspeed_plugin: Any = None,
@@ -279,12 +332,8 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         steps = deepspeed.accumulation_steps
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         errors.append(f"gradient_accumulation_steps={steps!r} is not valid; it must be an integer >= 1")
-    accumulation = AccumulationPlan(
-        num_steps=steps if isinstance(steps, int) and steps >= 1 else 1,
-        adjust_scheduler=gradient_accumulation_plugin.adjust_scheduler,
-        sync_with_dataloader=gradient_accumulation_plugin.sync_with_dataloader,
-        sync_each_batch=gradient_accumulation_plugin.sync_each_batch,
-    )
+    accumulation = copy.copy(gradient_accumulation_plugin)
+    accumulation.num_steps = steps if isinstance(steps, int) and steps >= 1 else 1
 
     valid_rng = {member.value for member in RNGType}
     rng = tuple(str(getattr(r, "value", r)) for r in (rng_types or ["generator"]))
@@ -292,10 +341,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     if bad_rng:
         errors.append(f"rng_types={bad_rng!r} are not valid; choose from {sorted(valid_rng)}")
 
-    if dynamo_backend is None:
-        dynamo_backend = launched.get("dynamo_backend")
-    if isinstance(dynamo_backend, str) and dynamo_backend.lower() == "no":
-        dynamo_backend = None
+    compile_settings = _compile_settings(dynamo_plugin, dynamo_backend, launched, errors)
 
     if log_with:
         from overdrive.tracking import check_log_with  # light: tracker libraries load only when started
@@ -312,6 +358,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     if errors:
         raise ValueError("invalid Accelerator settings:\n  - " + "\n  - ".join(errors))
     assert precision is not None
+    transforms = _model_transforms(parallel, handlers.get("checkpointing"), compile_settings, precision, fp8)
     if log_with is None:
         log_with = ()
     elif not isinstance(log_with, (list, tuple)):
@@ -320,25 +367,93 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         strategy="deepspeed" if deepspeed is not None else parallel.strategy,
         precision=precision,
         accumulation=accumulation,
-        dataloader=dataloader_config or DataLoaderConfiguration(),
+        dataloader=copy.copy(dataloader_config or DataLoaderConfiguration()),
         device_placement=True if device_placement is None else device_placement,
         step_scheduler_with_optimizer=step_scheduler_with_optimizer,
         rng_types=rng,
-        ddp=handlers.get("ddp") or DistributedDataParallelKwargs(),
         # DeepSpeed scales an fp16 loss itself (its fp16 block)
         scaler=GradScalerKwargs(enabled=False) if deepspeed else handlers.get("scaler") or GradScalerKwargs(),
         autocast=handlers.get("autocast") or AutocastKwargs(),
         profile=handlers.get("profile"),
-        project=project_config or ProjectConfiguration(),
+        project=copy.copy(project_config or ProjectConfiguration()),
         log_with=tuple(log_with),
-        dynamo_backend=dynamo_backend,
+        strategy_settings=deepspeed if deepspeed is not None else _strategy_settings(parallel, handlers.get("ddp")),
+        transforms=transforms,
         dims=parallel.dims,
         uses_mesh=parallel.uses_mesh,
-        fsdp=parallel.fsdp,
-        tp=parallel.tp,
         cp_comm_strategy=parallel.cp_comm_strategy,
-        pipeline=parallel.pipeline,
-        stage_strategy=parallel.stage_strategy,
         deepspeed=deepspeed,
         fp8=fp8,
+        fsdp=copy.copy(parallel.fsdp) if parallel.fsdp is not None else None,
     )
+
+
+def _compile_settings(plugin: TorchDynamoPlugin | None, backend: str | None, launched: dict[str, Any],
+                      errors: list[str]) -> CompileSettings | None:
+    """``torch.compile``'s settings from ``dynamo_plugin`` and ``dynamo_backend`` (or the launch config's);
+    None without compilation."""
+    if plugin is not None and backend is not None and plugin.backend is not None \
+            and plugin.backend_name != str(backend).lower():
+        errors.append(f"dynamo_backend={backend!r} and TorchDynamoPlugin(backend={plugin.backend!r}) disagree; give the "
+                      "backend in one place")
+    if plugin is None:  # the launch config's (Accelerate's dynamo_config keys, or its variables)
+        given = launched.get("dynamo_config") or {}
+        plugin = TorchDynamoPlugin(
+            mode=given.get("dynamo_mode"), fullgraph=bool(given.get("dynamo_use_fullgraph", False)),
+            dynamic=given.get("dynamo_use_dynamic"),
+            use_regional_compilation=bool(given.get("dynamo_use_regional_compilation", False)))
+    else:
+        plugin = copy.copy(plugin)
+    if plugin.backend is None:
+        plugin.backend = backend if backend is not None else launched.get("dynamo_backend")
+    problems = plugin.problems()
+    errors.extend(problems)
+    if problems or plugin.backend_name == "no":
+        return None
+    return CompileSettings(backend=plugin.backend_name, mode=plugin.mode, fullgraph=plugin.fullgraph,
+                           dynamic=plugin.dynamic, options=dict(plugin.options) if plugin.options else None,
+                           disable=plugin.disable, regional=plugin.use_regional_compilation)
+
+
+def _model_transforms(parallel: _Parallelism, checkpointing: ActivationCheckpointingKwargs | None,
+                      compile_settings: CompileSettings | None, precision: PrecisionPolicy,
+                      fp8: Any = None) -> ModelTransforms:
+    """The model path's settings: the same meaning under every strategy."""
+    fsdp = copy.copy(parallel.fsdp) if parallel.fsdp is not None else FullyShardedDataParallelPlugin()
+    tp = parallel.tp or TorchTensorParallelPlugin()
+    wanted = fsdp.activation_checkpointing or (checkpointing is not None and checkpointing.enabled)
+    names = tuple(checkpointing.block_names or ()) if checkpointing is not None else ()
+    return ModelTransforms(
+        tp_plan=dict(tp.tp_plan) if tp.tp_plan else None, sequence_parallel=tp.sequence_parallel,
+        activation_checkpointing=wanted, block_names=names, compile=compile_settings, fsdp=fsdp,
+        precision=precision, fp8=fp8)
+
+
+def _strategy_settings(parallel: _Parallelism, ddp: DistributedDataParallelKwargs | None) -> Any:
+    """The chosen strategy's own settings (the pipeline's with its stage strategy's inside)."""
+    ddp_settings = DDPSettings(options=copy.copy(ddp) if ddp is not None else DistributedDataParallelKwargs())
+    fsdp = copy.copy(parallel.fsdp) if parallel.fsdp is not None else FullyShardedDataParallelPlugin()
+    by_name = {"single": SingleSettings(), "ddp": ddp_settings, "fsdp2": FSDP2Settings(fsdp=fsdp)}
+    if parallel.pipeline is None:
+        return by_name[parallel.strategy]
+    from overdrive.transforms.pipeline.schedule import (
+        default_stages_per_rank,
+        schedule_name,
+        stage_style,
+        stage_to_rank,
+    )
+
+    config, pp = parallel.pipeline, parallel.dims.pp
+    name = schedule_name(config.schedule) or config.schedule
+    per_rank = config.stages_per_rank or default_stages_per_rank(name)
+    stage_name = parallel.stage_strategy or "single"
+    # the stage strategy must not broadcast the stage itself: the pipeline does it, tied weights included
+    stage_settings = (FSDP2Settings(fsdp=dataclasses.replace(fsdp, sync_module_states=False)) if stage_name == "fsdp2"
+                      else by_name[stage_name])
+    num_stages = pp * per_rank
+    return PipelineStrategySettings(
+        schedule=name, num_microbatches=config.num_microbatches or pp * per_rank, stages_per_rank=per_rank,
+        stage_strategy=stage_name, stage_settings=stage_settings,
+        split_points=tuple(config.split_points) if config.split_points else None, balance=config.balance,
+        loss_fn=config.loss_fn, sync_module_states=fsdp.sync_module_states if parallel.fsdp is not None else True,
+        output_pp_rank=stage_to_rank(pp, num_stages, stage_style(name))[num_stages - 1])

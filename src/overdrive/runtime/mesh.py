@@ -110,12 +110,13 @@ class ParallelMesh:
         mesh.rank("dp")       # this process's data-parallel index (0 or 1)
     """
 
-    def __init__(self, dims: ParallelDims, device_type: str, global_rank: int = 0, build: bool = True) -> None:
+    def __init__(self, dims: ParallelDims, device_type: str, global_rank: int = 0, build: bool = True,
+                 output_pp_rank: int | None = None) -> None:
         self.dims = dims
         self.device_type = device_type
-        #: the pipeline rank whose outputs count when results are gathered (the one holding the last stage;
-        #: a pipeline with a V-shaped schedule sets 0)
-        self.output_pp_rank = dims.pp - 1
+        #: the pipeline rank whose outputs count when results are gathered (the one holding the last stage:
+        #: 0 for a V-shaped schedule)
+        self.output_pp_rank = dims.pp - 1 if output_pp_rank is None else output_pp_rank
         self.mesh: Any = None
         self._named: dict[str, Any] = {}
         # Ranks are laid out row-major over AXES (as init_device_mesh does): coordinates need no mesh.

@@ -9,13 +9,37 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from overdrive.config import DistributedType
+
+if TYPE_CHECKING:
+    from overdrive.accumulation import AccumulationWindow
+    from overdrive.runtime.mesh import ParallelMesh
+    from overdrive.transforms.hooks import HookRegistry
+    from overdrive.transforms.path import ModelTransforms
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """The runtime objects every strategy works with (its settings are its own typed object)."""
+
+    device: torch.device
+    mesh: ParallelMesh
+    #: the Accelerator's ``AmpPrecision``: autocast hooks and the loss scaler
+    precision: Any
+    #: the model path's settings, the same for every strategy
+    transforms: ModelTransforms
+    #: where the hooks put on prepared models are filed, so unwrap_model / free_memory remove them
+    hooks: HookRegistry
+    window: AccumulationWindow
+    #: parameters fp8 conversion replaced (``id(old) -> (weakref(old), new)``), for ``prepare_optimizer``
+    fp8_replaced: dict[int, Any] = field(default_factory=dict)
 
 
 class Strategy(Protocol):
@@ -24,9 +48,6 @@ class Strategy(Protocol):
     name: str
     #: what ``Accelerator.distributed_type`` reports; None: the device's MULTI_* (or NO).
     distributed_type: DistributedType | None
-    #: True when ``wrap_model`` itself places the model, applies precision and compilation (in the fixed
-    #: order of the model transforms); the Accelerator then does none of them.
-    applies_transforms: bool
     #: an engine that keeps the state of the models, optimizers and schedulers it owns in its own checkpoint
     #: format (DeepSpeed), saved into and loaded from the checkpoint folder; None for the others.
     engine_checkpoint: EngineCheckpoint | None
@@ -40,8 +61,9 @@ class Strategy(Protocol):
         """Back-propagate ``loss`` (already divided over the accumulation window): ``precision.backward``,
         or an engine's backward, which also steps at the end of a window (``sync_gradients``)."""
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        """The model as it trains under this strategy (already on the right device)."""
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
+        """The model as it trains under this strategy: the model path (``transforms.path``) run on it.
+        ``evaluation_mode`` leaves out a data-parallel wrapper that only serves training (DDP)."""
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever ``wrap_model`` returned."""
@@ -91,7 +113,9 @@ def register_strategy(name: str, factory: str | Callable[..., Strategy]) -> None
     _REGISTRY[name] = factory
 
 
-def create_strategy(name: str, **kwargs: Any) -> Strategy:
+def create_strategy(name: str, context: StrategyContext, settings: Any) -> Strategy:
+    """Build the strategy registered as ``name`` with its own ``settings`` (a strategy class may name their
+    type as ``settings_type``; other settings are refused)."""
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"unknown strategy {name!r}; registered strategies: {', '.join(sorted(_REGISTRY))}")
@@ -99,4 +123,7 @@ def create_strategy(name: str, **kwargs: Any) -> Strategy:
         module, _, attribute = factory.partition(":")
         factory = getattr(importlib.import_module(module), attribute)
         _REGISTRY[name] = factory
-    return factory(**kwargs)
+    expected = getattr(factory, "settings_type", None)
+    if expected is not None and not isinstance(settings, expected):
+        raise TypeError(f"strategy {name!r} takes {expected.__name__} settings, got {type(settings).__name__}")
+    return factory(context, settings)

@@ -13,6 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from overdrive.config import DDPCommunicationHookType as Hook
 from overdrive.config import DistributedDataParallelKwargs
+from overdrive.resolve import DDPSettings
+from overdrive.strategies.base import StrategyContext
 from overdrive.strategies.single import SingleDeviceStrategy
 
 
@@ -21,15 +23,18 @@ class DDPStrategy(SingleDeviceStrategy):
     backward) is the same, since DDP leaves identical gradients on every rank."""
 
     name = "ddp"
+    settings_type = DDPSettings
 
-    def __init__(self, device: torch.device, ddp: DistributedDataParallelKwargs | None = None,
-                 process_group: Any = None, **_: Any) -> None:
-        self.device = device
-        self.options = ddp or DistributedDataParallelKwargs()
-        #: the processes that replicate the model (None: all of them; a pipeline gives its stage's peers)
-        self.process_group = process_group
+    def __init__(self, context: StrategyContext, settings: DDPSettings) -> None:
+        super().__init__(context, settings)
+        self.options = settings.options
+        #: the processes that replicate the model: the data-parallel axis of the mesh when there is one (a
+        #: pipeline stage's peers), else all of them
+        group = context.mesh.get("dp")
+        self.process_group = group.get_group() if group is not None else None
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def data_parallel(self, model: nn.Module) -> nn.Module:
+        """The last step of the model path: ``DistributedDataParallel`` around the transformed model."""
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (e.g. a frozen model used for evaluation)
         device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None

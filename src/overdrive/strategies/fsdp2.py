@@ -1,10 +1,11 @@
 """Sharded and model-parallel training: FSDP2 (``fully_shard``), HSDP, tensor and context parallel.
 
-The model is transformed in place by ``apply_parallelism`` over the job's mesh. ``fully_shard`` and
-tensor parallel replace parameters with DTensor parameters, so an optimizer built on the original
-parameters is pointed at the new ones (``prepare_optimizer``). Precision is FSDP2's
-``MixedPrecisionPolicy`` when parameters are sharded, and autocast hooks otherwise (tensor parallel only,
-or one process): this strategy does it, not the Accelerator.
+The model goes through the model path (``transforms.path``), whose last step here is ``fully_shard``
+over the job's mesh. ``fully_shard`` and tensor parallel replace parameters with DTensor parameters, so an
+optimizer built on the original parameters is pointed at the new ones (``prepare_optimizer``). Precision is
+FSDP2's ``MixedPrecisionPolicy`` when parameters are sharded, and autocast hooks otherwise (tensor parallel
+only, or one process). With ``cpu_ram_efficient_loading`` only rank 0 holds real weights: the model is
+moved to the meta device, sharded, then filled from rank 0.
 """
 
 from __future__ import annotations
@@ -16,36 +17,30 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from overdrive.config import DistributedType, FullyShardedDataParallelPlugin, TorchTensorParallelPlugin
-from overdrive.runtime.mesh import ParallelMesh
-from overdrive.transforms import ParallelismSettings, apply_parallelism
+from overdrive.config import DistributedType
+from overdrive.resolve import FSDP2Settings
+from overdrive.runtime import group as process_group
+from overdrive.strategies.base import StrategyContext
+from overdrive.transforms.path import apply_model_path
+
+_META_REMEDY = (", or let rank 0 hold the weights and pass FullyShardedDataParallelPlugin("
+                "cpu_ram_efficient_loading=True) with data-parallel sharding")
 
 
 class FSDP2Strategy:
     name = "fsdp2"
-    #: wrap_model places the model, applies precision and compilation itself, in the transforms' order.
-    applies_transforms = True
+    settings_type = FSDP2Settings
     engine_checkpoint = None
 
-    def __init__(self, device: torch.device, mesh: ParallelMesh, precision: Any,
-                 fsdp: FullyShardedDataParallelPlugin | None = None, tp: TorchTensorParallelPlugin | None = None,
-                 dynamo_backend: str | None = None, fp8: Any = None, **_: Any) -> None:
-        self.device = device
-        self.fp8 = fp8  # the fp8 recipe (precision/fp8.py), applied right after placement
-        self.mesh = mesh
-        self.precision = precision  # the Accelerator's AmpPrecision: its policy, and autocast hooks
-        self.fsdp = fsdp or FullyShardedDataParallelPlugin()
-        tp = tp or TorchTensorParallelPlugin()
-        self.settings = ParallelismSettings(
-            tp_plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel,
-            activation_checkpointing=self.fsdp.activation_checkpointing, compile_backend=dynamo_backend,
-            fsdp=self.fsdp, precision=precision.policy)
+    def __init__(self, context: StrategyContext, settings: FSDP2Settings) -> None:
+        self.context = context
+        self.device = context.device
+        self.mesh = context.mesh
+        self.fsdp = settings.fsdp
         # id(original parameter) -> (weak references to it and to the module that owns it, attribute name)
         self._owners: dict[int, tuple[weakref.ref, weakref.ref, str]] = {}
-        self._hooks: list[Any] = []
 
     @property
     def distributed_type(self) -> DistributedType | None:
@@ -56,32 +51,30 @@ class FSDP2Strategy:
         return self.mesh.fsdp_mesh() is not None
 
     # -- the model ---------------------------------------------------------------------------------
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
+        """The model path with ``fully_shard`` as its data-parallel step (also in evaluation mode: the
+        parameters are sharded either way)."""
         efficient = self.fsdp.cpu_ram_efficient_loading and self.shards_parameters
+        full: dict[str, torch.Tensor] = {}
+        extra: dict[str, torch.Tensor] = {}
         if efficient:
             self._record_owners(model)
             full, extra = _take_full_state(model)
             model.to("meta")
-        else:
-            _refuse_meta(model, self.fsdp)
-            model.to(self.device)
-            if self.fsdp.sync_module_states and self.mesh.dims.world_size > 1:
-                from overdrive.transforms.fully_shard import broadcast_module_states
+        c = self.context
+        device = None if efficient else self.device
+        if not efficient and self.fsdp.sync_module_states and self.mesh.dims.world_size > 1:
+            model = _placed(model, device)
+            from overdrive.transforms.fully_shard import broadcast_module_states
 
-                broadcast_module_states(model)
-            replaced = {}
-            if self.fp8 is not None:  # first transform: tensor parallel, compile and fully_shard see float8 modules
-                from overdrive.precision.fp8 import apply_fp8
-
-                replaced = apply_fp8(model, self.fp8)
-            self._record_owners(model, replaced)
-        apply_parallelism(model, self.mesh, self.settings)
+            broadcast_module_states(model)
+        model = apply_model_path(model, self.mesh, c.transforms, device=device, precision=c.precision,
+                                 hooks=c.hooks, meta_remedy=_META_REMEDY, fp8_replaced=c.fp8_replaced,
+                                 before_parallel=None if efficient else self._record_owners)
         if efficient:
             from overdrive.transforms.fully_shard import load_from_rank0
 
             load_from_rank0(model, full, extra, self.device)
-        if not self.shards_parameters:
-            self._hooks += self.precision.attach(model)
         return model
 
     def _record_owners(self, model: nn.Module, replaced: dict[int, Any] | None = None) -> None:
@@ -204,7 +197,7 @@ def _take_full_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[st
     """Rank 0's full weights and non-persistent buffers (empty elsewhere: other ranks may be on meta)."""
     from overdrive.transforms.fully_shard import non_persistent_buffers
 
-    if dist.get_rank() != 0:
+    if process_group.rank() != 0:
         return {}, {}
     on_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if on_meta:
@@ -213,11 +206,10 @@ def _take_full_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[st
     return model.state_dict(), non_persistent_buffers(model)
 
 
-def _refuse_meta(model: nn.Module, fsdp: FullyShardedDataParallelPlugin) -> None:
-    on_meta = [name for name, p in model.named_parameters() if p.device.type == "meta"]
-    if on_meta:
-        shown = ", ".join(on_meta[:5]) + (", ..." if len(on_meta) > 5 else "")
-        raise ValueError(
-            f"prepare() got a model with {len(on_meta)} parameters on the meta device ({shown}); materialise it "
-            "first, or let rank 0 hold the weights and pass FullyShardedDataParallelPlugin("
-            "cpu_ram_efficient_loading=True) with data-parallel sharding")
+def _placed(model: nn.Module, device: torch.device | None) -> nn.Module:
+    """``model`` on ``device`` before the model path, so its states can be broadcast (the path's placement
+    then has nothing left to move; it still refuses a model on the meta device first)."""
+    from overdrive.transforms.path import refuse_meta
+
+    refuse_meta(model, _META_REMEDY)
+    return model.to(device) if device is not None else model

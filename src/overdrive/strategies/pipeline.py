@@ -10,54 +10,42 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from overdrive.config import DistributedType, FullyShardedDataParallelPlugin, PipelineConfig
-from overdrive.runtime.mesh import ParallelMesh
-from overdrive.strategies.base import create_strategy
+from overdrive.config import DistributedType
+from overdrive.resolve import PipelineStrategySettings
+from overdrive.strategies.base import StrategyContext, create_strategy
 from overdrive.transforms.pipeline.model import PipelinedModel, apply_pipeline
-from overdrive.transforms.pipeline.schedule import PipelineRuntime, default_stages_per_rank, schedule_name
+from overdrive.transforms.pipeline.schedule import PipelineRuntime
 
 
 class PipelineStrategy:
     name = "pipeline"
-    #: wrap_model places, casts and wraps every stage itself
-    applies_transforms = True
+    settings_type = PipelineStrategySettings
     engine_checkpoint = None
 
-    def __init__(self, device: torch.device, mesh: ParallelMesh, precision: Any,
-                 pipeline: PipelineConfig | None = None, stage_strategy: str = "single",
-                 loss_divisor: Callable[[], int] | None = None, fsdp: FullyShardedDataParallelPlugin | None = None,
-                 dynamo_backend: str | None = None, **kwargs: Any) -> None:
-        self.device, self.mesh, self.precision = device, mesh, precision
-        self.dynamo_backend = dynamo_backend
-        config = pipeline or PipelineConfig()
-        name = schedule_name(config.schedule) or config.schedule
-        spr = config.stages_per_rank or default_stages_per_rank(name)
-        pp = mesh.get("pp")
+    def __init__(self, context: StrategyContext, settings: PipelineStrategySettings) -> None:
+        self.context = context
+        self.device, self.mesh = context.device, context.mesh
+        mesh, pp = context.mesh, context.mesh.get("pp")
+        # everything was resolved by the plan: this only adds this process's place in the pipeline
         self.settings = PipelineRuntime(
-            schedule=name, num_microbatches=config.num_microbatches or mesh.size("pp") * spr, stages_per_rank=spr,
-            device=device, pp_size=mesh.size("pp"), pp_rank=mesh.rank("pp"),
-            pp_group=pp.get_group() if pp is not None else None, split_points=config.split_points,
-            balance=config.balance, loss_fn=config.loss_fn, loss_divisor=loss_divisor or (lambda: 1),
-            speaks_for_stage=mesh.rank("dp_cp_tp") == 0, mesh=mesh)
-        mesh.output_pp_rank = self.settings.last_stage_rank
+            schedule=settings.schedule, num_microbatches=settings.num_microbatches,
+            stages_per_rank=settings.stages_per_rank, device=context.device, pp_size=mesh.size("pp"),
+            pp_rank=mesh.rank("pp"), pp_group=pp.get_group() if pp is not None else None,
+            split_points=list(settings.split_points) if settings.split_points else None, balance=settings.balance,
+            loss_fn=settings.loss_fn, window=context.window, speaks_for_stage=mesh.rank("dp_cp_tp") == 0, mesh=mesh)
         # Each stage is made equal over the processes holding it (and tied weights over their stages) once
         # it is on the device; the stage strategy then has nothing to synchronise.
-        self.sync_module_states = fsdp.sync_module_states if fsdp is not None else True
-        fsdp = dataclasses.replace(fsdp or FullyShardedDataParallelPlugin(), sync_module_states=False)
-        group = mesh.get("dp")
-        self.stage_strategy = create_strategy(
-            stage_strategy, device=device, mesh=mesh, precision=precision, fsdp=fsdp, dynamo_backend=dynamo_backend,
-            process_group=group.get_group() if group is not None else None, **kwargs)
+        self.sync_module_states = settings.sync_module_states
+        self.stage_strategy = create_strategy(settings.stage_strategy, context, settings.stage_settings)
         self.settings.no_sync = self.stage_strategy.no_sync
         self._models: list[PipelinedModel] = []
-        self._hooks: list[Any] = []
         # ids of the parameters of the models cut into stages, and of those this rank's stages hold
         self._cut: set[int] = set()
         self._mine: set[int] = set()
@@ -67,14 +55,16 @@ class PipelineStrategy:
         return self.stage_strategy.distributed_type
 
     # -- the model ---------------------------------------------------------------------------------
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
+        """Cut ``model`` into stages; each of this rank's stages goes through the stage strategy's model path."""
         self._cut |= {id(p) for p in model.parameters()}
         settings = dataclasses.replace(self.settings)  # each model its own cut and tied weights
-        pipelined = apply_pipeline(model, settings, lambda stage: self._wrap_stage(stage, settings))
+        pipelined = apply_pipeline(model, settings,
+                                   lambda stage: self._wrap_stage(stage, settings, evaluation_mode))
         self._models.append(pipelined)
         return pipelined
 
-    def _wrap_stage(self, stage: nn.Module, settings: PipelineRuntime) -> nn.Module:
+    def _wrap_stage(self, stage: nn.Module, settings: PipelineRuntime, evaluation_mode: bool) -> nn.Module:
         self._mine |= {id(p) for p in stage.parameters()}
         stage.to(self.device)  # the stage only: the rest of the model stays where it was built
         if self.sync_module_states:
@@ -82,15 +72,7 @@ class PipelineStrategy:
 
             stage_group = self.mesh.get("dp_cp_tp")
             broadcast_stage(stage, stage_group.get_group() if stage_group is not None else None, settings.ties)
-        if self.stage_strategy.applies_transforms:
-            return self.stage_strategy.wrap_model(stage)
-        self._hooks += self.precision.attach(stage)
-        if self.dynamo_backend:
-            from overdrive.transforms.blocks import find_blocks
-
-            for _, block in find_blocks(stage):
-                block.compile(backend=self.dynamo_backend)
-        return self.stage_strategy.wrap_model(stage)
+        return self.stage_strategy.wrap_model(stage, evaluation_mode=evaluation_mode)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's model class holding this rank's (first) stage."""

@@ -1,4 +1,5 @@
-"""One process: the model trains as it is."""
+"""One process: the model path (placement, precision hooks, fp8, tensor parallel, activation
+checkpointing, compile) and nothing more."""
 
 from __future__ import annotations
 
@@ -9,17 +10,30 @@ from typing import Any
 import torch
 from torch import nn
 
+from overdrive.resolve import SingleSettings
+from overdrive.strategies.base import StrategyContext
+from overdrive.transforms.path import apply_model_path
+
 
 class SingleDeviceStrategy:
     name = "single"
+    settings_type: type = SingleSettings
     distributed_type = None
-    applies_transforms = False
     engine_checkpoint = None
 
-    def __init__(self, **_: Any) -> None:
-        pass
+    def __init__(self, context: StrategyContext, settings: Any = None) -> None:
+        self.context = context
+        self.device = context.device
+        self.settings = settings
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
+        c = self.context
+        return apply_model_path(model, c.mesh, c.transforms, device=c.device if device_placement else None,
+                                precision=c.precision, hooks=c.hooks, fp8_replaced=c.fp8_replaced,
+                                data_parallel=None if evaluation_mode else self.data_parallel)
+
+    def data_parallel(self, model: nn.Module) -> nn.Module:
+        """The last step of the model path: one process has nothing to replicate."""
         return model
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:

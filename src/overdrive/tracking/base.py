@@ -22,11 +22,9 @@ _GATED_METHODS = ("start", "store_init_configuration", "log", "finish")
 
 
 def _process_index_from_group() -> int:
-    import torch.distributed as dist
+    from overdrive.runtime.group import rank
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return 0
+    return rank()
 
 
 def on_main_process(method: Callable) -> Callable:

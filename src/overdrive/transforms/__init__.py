@@ -1,37 +1,29 @@
 """Model transforms, each an in-place ``apply_*`` function, wired in a fixed order by ``apply_parallelism``:
-tensor / context parallel, then activation checkpointing, then compile, then data parallel (FSDP2)."""
+tensor / context parallel, then activation checkpointing, then compile, then data parallel (FSDP2).
+``transforms.path.apply_model_path`` runs the whole model path (placement, precision hooks, fp8, these)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torch import nn
 
 from overdrive.config import FullyShardedDataParallelPlugin
-from overdrive.precision import PrecisionPolicy
+from overdrive.transforms.path import CompileSettings, ModelTransforms
 
 if TYPE_CHECKING:
     from overdrive.runtime.mesh import ParallelMesh
 
-
-@dataclass
-class ParallelismSettings:
-    """What to do to a model, independent of the model: the strategy builds it from the plan."""
-
-    tp_plan: dict[str, str] | None = None
-    sequence_parallel: bool = False
-    activation_checkpointing: bool = False
-    compile_backend: str | None = None
-    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
-    precision: PrecisionPolicy = field(default_factory=PrecisionPolicy)
+#: the former name of ``ModelTransforms``
+ParallelismSettings = ModelTransforms
 
 
-def apply_parallelism(model: nn.Module, mesh: ParallelMesh, config: ParallelismSettings) -> nn.Module:
+def apply_parallelism(model: nn.Module, mesh: ParallelMesh, config: ModelTransforms) -> nn.Module:
     """Apply every parallelism ``config`` asks for to ``model``, in place, over ``mesh``."""
     from overdrive.transforms import fully_shard as dp
     from overdrive.transforms.activation_checkpointing import apply_activation_checkpointing
     from overdrive.transforms.blocks import blocks_to_wrap
+    from overdrive.transforms.compile import apply_compile
     from overdrive.transforms.tensor_parallel import apply_tensor_parallel, match_blocks, plan_from_patterns
 
     tp_mesh = mesh.get("tp")
@@ -40,15 +32,15 @@ def apply_parallelism(model: nn.Module, mesh: ParallelMesh, config: ParallelismS
                 else match_blocks(model, tp_mesh.size(), config.sequence_parallel))
         apply_tensor_parallel(model, tp_mesh, plan)
     # Context parallel changes no module: attention is split while ``maybe_context_parallel`` is open.
-    blocks = blocks_to_wrap(model, config.fsdp.transformer_cls_names_to_wrap)
+    blocks = blocks_to_wrap(model, list(config.block_names) or config.fsdp.transformer_cls_names_to_wrap)
     if config.activation_checkpointing:
         if not blocks:
-            raise ValueError(f"activation_checkpointing found no blocks in {type(model).__name__}; name them with "
-                             "transformer_cls_names_to_wrap")
+            raise ValueError(f"activation_checkpointing found no blocks in {type(model).__name__}; name their "
+                             "classes (ActivationCheckpointingKwargs(block_names=[...]) or "
+                             "transformer_cls_names_to_wrap)")
         apply_activation_checkpointing(blocks)
-    if config.compile_backend:
-        for block in blocks or [model]:
-            block.compile(backend=config.compile_backend)  # in place: names (and checkpoints) stay the same
+    if config.compile is not None:
+        apply_compile(model, blocks, config.compile)
     fsdp_mesh = mesh.fsdp_mesh()
     if fsdp_mesh is not None:
         settings = dp.FullyShardSettings(
@@ -62,4 +54,4 @@ def apply_parallelism(model: nn.Module, mesh: ParallelMesh, config: ParallelismS
     return model
 
 
-__all__ = ["ParallelismSettings", "apply_parallelism"]
+__all__ = ["CompileSettings", "ModelTransforms", "ParallelismSettings", "apply_parallelism"]

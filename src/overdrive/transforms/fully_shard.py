@@ -15,6 +15,7 @@ from torch import nn
 
 from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.precision import PrecisionPolicy
+from overdrive.runtime import group
 
 #: policy(name, module, numel of its parameters not yet in a group) -> give it its own fully_shard group
 WrapPolicy = Callable[[str, nn.Module, int], bool]
@@ -149,7 +150,7 @@ def apply_fully_shard(model: nn.Module, mesh: Any, settings: FullyShardSettings)
 
 def broadcast_module_states(model: nn.Module, src: int = 0) -> None:
     """Give every process rank ``src``'s parameters and buffers (skipping any on the meta device)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not group.is_distributed():
         return
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:

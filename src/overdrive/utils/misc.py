@@ -11,6 +11,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
+from overdrive.runtime import group
+
 
 def is_package_available(name: str) -> bool:
     """Whether ``name`` can be imported, without importing it."""
@@ -19,7 +21,7 @@ def is_package_available(name: str) -> bool:
 
 def wait_for_everyone() -> None:
     """Barrier across every process (a no-op in a single process)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if group.is_distributed():
         dist.barrier()
 
 
@@ -64,6 +66,6 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     """``tqdm.auto.tqdm`` shown on the main process only (others get a disabled bar)."""
     from tqdm.auto import tqdm as _tqdm
 
-    if main_process_only and dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+    if main_process_only and group.rank() != 0:
         kwargs["disable"] = True
     return _tqdm(*args, **kwargs)

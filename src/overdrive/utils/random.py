@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterable
 from typing import Any
@@ -10,17 +9,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from overdrive.runtime.group import is_distributed, process_rank
+
 # Accelerate's RNG types. "torch" is the CPU generator, "generator" a torch.Generator the caller passes,
 # the others an accelerator's default generators (``torch.<type>`` device modules).
 _RNG_TYPES = ("torch", "cuda", "xla", "npu", "mlu", "musa", "hpu", "xpu", "generator")
-
-
-def _rank() -> int:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    # Before the process group exists (set_seed is often the first line of a script) the launcher's
-    # RANK is the only way to tell processes apart.
-    return int(os.environ.get("RANK", "0"))
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -33,7 +26,9 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     >>> set_seed(42)
     """
     if device_specific:
-        seed += _rank()
+        # before the process group exists (set_seed is often a script's first line) the launcher's rank:
+        # torchrun, SLURM or MPI, whichever started this process
+        seed += process_rank()
     random.seed(seed)
     try:
         import numpy as np
@@ -106,7 +101,7 @@ def synchronize_rng_state(rng_type: Any = None, generator: torch.Generator | Non
     group of two or more processes.
     """
     name = _rng_name(rng_type)
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not is_distributed():
         if name == "generator" and generator is None:
             _get_state(name, generator)  # same error as with a process group
         return

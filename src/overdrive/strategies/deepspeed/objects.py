@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from overdrive.optimizer import AcceleratedOptimizer
+
 
 class DummyOptim:
     """Stands for the optimizer that the DeepSpeed config's ``optimizer`` block defines; its ``lr``,
@@ -51,28 +53,21 @@ class DummyScheduler:
         self.kwargs = kwargs
 
 
-class DeepSpeedOptimizerWrapper(torch.optim.Optimizer):
-    """The optimizer DeepSpeed built or wrapped. ``step`` and ``zero_grad`` do nothing: the engine's step
-    (run by ``accelerator.backward``) does both. Its param groups and state are DeepSpeed's."""
+class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
+    """The optimizer DeepSpeed built or wrapped, as ``prepare()`` returns it (the prepared optimizer itself:
+    it is not wrapped again). ``step`` and ``zero_grad`` do nothing: the engine's step (run by
+    ``accelerator.backward``) does both. Its param groups and state are DeepSpeed's."""
 
-    def __init__(self, optimizer: Any) -> None:  # no super().__init__: the state is DeepSpeed's
-        self.optimizer = optimizer
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
+    def __init__(self, optimizer: Any, gradient_state: Any = None) -> None:
+        super().__init__(optimizer, scaler=None, gradient_state=gradient_state)  # DeepSpeed scales fp16 itself
 
     @property
     def defaults(self) -> dict[str, Any]:  # type: ignore[override]
         return getattr(self.optimizer, "defaults", {})
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
 
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         return None
@@ -80,22 +75,13 @@ class DeepSpeedOptimizerWrapper(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         return None
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
+    def unscale_(self) -> None:
+        return None  # DeepSpeed unscales inside its step
 
     @property
     def step_was_skipped(self) -> bool:
         """Whether DeepSpeed skipped the last step because fp16 gradients overflowed."""
         return bool(getattr(self.optimizer, "overflow", False))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         return f"DeepSpeedOptimizerWrapper({type(self.optimizer).__name__})"

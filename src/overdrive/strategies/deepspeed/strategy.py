@@ -34,17 +34,20 @@ from overdrive.config import DistributedType
 from overdrive.resolve.deepspeed import DeepSpeedSettings
 from overdrive.strategies.deepspeed.checkpoint import EngineCheckpoint, is_engine
 from overdrive.strategies.deepspeed.ds_config import engine_config
+from overdrive.strategies.base import StrategyContext
 
 
 class DeepSpeedStrategy:
     name = "deepspeed"
+    settings_type = DeepSpeedSettings
     distributed_type = DistributedType.DEEPSPEED
-    #: the engine places the model and runs its precision; the Accelerator does neither
-    applies_transforms = True
 
-    def __init__(self, device: torch.device, deepspeed: DeepSpeedSettings, **_: Any) -> None:
-        self.device = device
-        self.settings = deepspeed
+    def __init__(self, context: StrategyContext, settings: DeepSpeedSettings) -> None:
+        # the engine places the model and runs its precision: of the model path, only the hook registry
+        # is used here (for the cast of the engine's inputs and outputs)
+        self.context = context
+        self.device = context.device
+        self.settings = settings
         self.engine_checkpoint = EngineCheckpoint()
         self._engines: list[weakref.ref] = []
         self._trained: weakref.ref | None = None
@@ -124,7 +127,7 @@ class DeepSpeedStrategy:
         engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
             model=model, optimizer=client_optimizer, model_parameters=parameters, lr_scheduler=client_scheduler,
             config=config, dist_init_required=False)
-        _cast_io(engine, config)
+        self.context.hooks.add(_cast_io(engine, config))
         self._engines.append(weakref.ref(engine))
         if training:  # (a ZeRO-3 engine without an optimizer has a stand-in one)
             self._trained = weakref.ref(engine)
@@ -155,7 +158,7 @@ class DeepSpeedStrategy:
 
                 set_accelerator(CPU_Accelerator())
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
         if is_engine(model):
             return model
         engine, _, _ = self._build(model, None, None)  # prepare_model(model) on its own: an engine for inference
@@ -202,9 +205,9 @@ class DeepSpeedStrategy:
 
 
 def _world_size() -> int:
-    import torch.distributed as dist
+    from overdrive.runtime.group import world_size
 
-    return dist.get_world_size() if dist.is_initialized() else 1
+    return world_size()
 
 
 def _plain_optimizer(obj: Any) -> bool:
@@ -291,14 +294,14 @@ def _hidden_size(model: nn.Module) -> int | None:
     return size if isinstance(size, int) else None
 
 
-def _cast_io(engine: Any, config: dict[str, Any]) -> None:
+def _cast_io(engine: Any, config: dict[str, Any]) -> list[Any]:
     """Cast floating inputs to the engine's 16-bit dtype and floating outputs back to fp32."""
     from overdrive.ops import convert_to_fp32, recursively_apply
 
     dtype = (torch.bfloat16 if (config.get("bf16") or {}).get("enabled") is True
              else torch.float16 if (config.get("fp16") or {}).get("enabled") is True else None)
     if dtype is None:
-        return
+        return []
 
     def cast(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(dtype) if tensor.is_floating_point() else tensor
@@ -309,5 +312,5 @@ def _cast_io(engine: Any, config: dict[str, Any]) -> None:
     def outputs(module: nn.Module, args: Any, output: Any) -> Any:
         return convert_to_fp32(output)
 
-    engine.module.register_forward_pre_hook(inputs, with_kwargs=True)
-    engine.module.register_forward_hook(outputs)
+    return [engine.module.register_forward_pre_hook(inputs, with_kwargs=True),
+            engine.module.register_forward_hook(outputs)]

@@ -211,7 +211,7 @@ class PipelinedModel(nn.Module):
         train = self.training and torch.is_grad_enabled()
         batch = self._check(args, kwargs, labels, train)
         self._call.update(model_loss=s.loss_fn is None and labels is not None, has_target=labels is not None,
-                          scale=1.0 / (s.num_microbatches * max(1, s.loss_divisor())))
+                          scale=1.0 / (s.num_microbatches * max(1, s.window.divisor if s.window is not None else 1)))
         target = labels if labels is not None else torch.zeros(batch, device=s.device)
         return self._result(self._run(args, kwargs, target, train), train, labels is not None)
 

@@ -148,8 +148,9 @@ class PipelineRuntime:
     split_points: list[str] | None = None
     balance: str = "layers"
     loss_fn: Callable[..., torch.Tensor] | None = None
-    #: the current accumulation window's length (the loss is divided by it, as accelerator.backward would)
-    loss_divisor: Callable[[], int] = field(default=lambda: 1)
+    #: the Accelerator's AccumulationWindow: the loss is divided by its ``divisor``, as accelerator.backward
+    #: would (None: no accumulation)
+    window: Any = None
     #: whether this process writes its stage's weights for ``save_model`` (the first of its data-parallel peers)
     speaks_for_stage: bool = True
     max_cached_shapes: int = 4

@@ -1,0 +1,116 @@
+"""The gradient-accumulation window: the one owner of its size, position, loss divisor and sync flag.
+
+A window is ``num_steps`` micro-batches, or fewer at the end of the data: the loss of each micro-batch
+is divided by the true window length, so one optimizer step equals one step on the concatenated batch.
+The Accelerator calls :meth:`AccumulationWindow.begin` once per micro-batch (a few attribute operations:
+it is on the hot path); ``GradientState``, the prepared optimizers and schedulers, the pipeline schedule
+and the checkpoints all read this one object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+#: the keys of :meth:`AccumulationWindow.state_dict` (the checkpoint's ``counters``)
+STATE_KEYS = ("step", "window_pos", "window_size", "loss_divisor", "num_steps")
+
+
+class AccumulationWindow:
+    """Where training stands in the current accumulation window::
+
+        window = AccumulationWindow(num_steps=4)
+        for batch in batches:
+            window.begin()           # -> True on the micro-batch whose gradients synchronise
+            (loss / window.divisor).backward()
+
+    ``sync`` is what ``accelerator.sync_gradients`` reports; ``step`` counts micro-batches.
+    """
+
+    __slots__ = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch",
+                 "position", "size", "divisor", "sync", "step")
+
+    def __init__(self, num_steps: int = 1, adjust_scheduler: bool = True, sync_with_dataloader: bool = True,
+                 sync_each_batch: bool = False) -> None:
+        _check_steps(num_steps)
+        self.num_steps = num_steps
+        self.adjust_scheduler = adjust_scheduler
+        self.sync_with_dataloader = sync_with_dataloader
+        self.sync_each_batch = sync_each_batch
+        #: micro-batches of the current window already begun (0: the next one opens a window)
+        self.position = 0
+        #: the length of the current window (``num_steps``, or fewer at the end of the data)
+        self.size = num_steps
+        #: what each micro-batch's loss is divided by
+        self.divisor = num_steps
+        #: whether gradients synchronise (and the optimizer steps) on this micro-batch
+        self.sync = True
+        #: micro-batches begun since the start (``accelerator.step``)
+        self.step = 0
+
+    @classmethod
+    def from_plugin(cls, plugin: Any) -> AccumulationWindow:
+        """A window with a ``GradientAccumulationPlugin``'s settings (``num_steps=None`` means 1)."""
+        return cls(num_steps=plugin.num_steps or 1, adjust_scheduler=plugin.adjust_scheduler,
+                   sync_with_dataloader=plugin.sync_with_dataloader, sync_each_batch=plugin.sync_each_batch)
+
+    def begin(self, loader: Any = None, end_of_data: bool = False) -> bool:
+        """Start one micro-batch; return whether it ends the window (its gradients then synchronise).
+
+        ``loader`` is the active prepared data loader (its ``batches_yielded`` shortens the last window
+        of the data) and ``end_of_data`` whether its current batch is its last."""
+        if self.position == 0 and self.num_steps > 1:  # (a window of 1 is always 1: nothing to open)
+            self._open(loader)
+        self.position += 1
+        self.step += 1
+        sync = self.position >= self.size or (end_of_data and self.sync_with_dataloader)
+        if sync:
+            self.position = 0
+        self.sync = sync
+        return sync
+
+    def _open(self, loader: Any) -> None:
+        size = self.num_steps
+        yielded = getattr(loader, "batches_yielded", None)
+        if size > 1 and self.sync_with_dataloader and yielded is not None:
+            with contextlib.suppress(TypeError):  # a loader without len() (iterable dataset)
+                size = max(1, min(size, len(loader) - yielded + 1))
+        self.size = self.divisor = size
+
+    def set_num_steps(self, num_steps: int) -> None:
+        """Change the window length; the next window and the current loss divisor use it."""
+        _check_steps(num_steps)
+        self.num_steps = self.divisor = num_steps
+        if self.position == 0 or num_steps == 1:
+            self.size = num_steps
+
+    def reset(self) -> None:
+        """Back to the start: no micro-batch begun, gradients synchronise."""
+        self.position = self.step = 0
+        self.size = self.divisor = self.num_steps
+        self.sync = True
+
+    def state_dict(self) -> dict[str, int]:
+        """The counters a checkpoint keeps (``Stateful``)."""
+        return {"step": self.step, "window_pos": self.position, "window_size": self.size,
+                "loss_divisor": self.divisor, "num_steps": self.num_steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s counters (the window length setting stays this run's)."""
+        missing = [key for key in STATE_KEYS if key != "num_steps" and key not in state_dict]
+        if missing:
+            raise KeyError(f"accumulation window state lacks {missing}; it has {sorted(state_dict)}")
+        self.step = int(state_dict["step"])
+        self.position = int(state_dict["window_pos"])
+        self.size = int(state_dict["window_size"])
+        self.divisor = int(state_dict["loss_divisor"])
+        self.sync = self.position == 0
+
+    def __repr__(self) -> str:
+        return (f"AccumulationWindow(num_steps={self.num_steps}, position={self.position}, size={self.size}, "
+                f"divisor={self.divisor}, sync={self.sync}, step={self.step})")
+
+
+def _check_steps(num_steps: Any) -> None:
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+        raise ValueError(f"gradient_accumulation_steps={num_steps!r} is not valid; it must be an integer >= 1")

@@ -1,0 +1,85 @@
+"""Model-path settings that hold under every strategy: compilation (``TorchDynamoPlugin``, Accelerate's)
+and activation checkpointing (``ActivationCheckpointingKwargs``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+#: torch.compile backends Accelerate names (``DynamoBackend``), lower case; "no" turns compilation off
+DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi",
+                   "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torhchxla_trace_once", "ipex", "tvm",
+                   "hpu_backend")
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+
+@dataclass
+class TorchDynamoPlugin:
+    """How ``prepare()`` compiles models with ``torch.compile``, the same under every strategy::
+
+        Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="inductor", use_regional_compilation=True))
+
+    - ``backend``: a torch.compile backend ("inductor", "eager", "aot_eager", ...; any case, or Accelerate's
+      ``DynamoBackend`` member; "no" or None: no compile, unless ``dynamo_backend=`` or the launch config names one).
+    - ``mode``, ``fullgraph``, ``dynamic``, ``options``, ``disable``: passed to ``torch.compile``.
+    - ``use_regional_compilation``: compile each repeated block (the transformer layers) instead of the whole
+      model; identical blocks share their compiled code, so cold compile time grows with the number of
+      distinct block classes only.
+
+    Compilation is in place (``module.compile``): parameter names and checkpoints do not change.
+    """
+
+    backend: str | enum.Enum | None = None
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool = False
+
+    @property
+    def backend_name(self) -> str:
+        """The backend in torch.compile's spelling ("no" when compilation is off)."""
+        value = self.backend.value if isinstance(self.backend, enum.Enum) else self.backend
+        return "no" if value is None else str(value).lower()
+
+    def problems(self) -> list[str]:
+        """Every invalid setting, each naming the value and the valid choices."""
+        found = []
+        if self.backend_name not in DYNAMO_BACKENDS:
+            found.append(f"TorchDynamoPlugin(backend={self.backend!r}) is not valid; choose one of "
+                         f"{', '.join(DYNAMO_BACKENDS)}")
+        if self.mode is not None and self.mode not in DYNAMO_MODES:
+            found.append(f"TorchDynamoPlugin(mode={self.mode!r}) is not valid; choose one of {', '.join(DYNAMO_MODES)}")
+        if self.options is not None and not isinstance(self.options, dict):
+            found.append(f"TorchDynamoPlugin(options={self.options!r}) must be a dict of torch.compile options")
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend_name, "mode": self.mode or "default", "fullgraph": self.fullgraph,
+                "dynamic": self.dynamic, "options": self.options, "disable": self.disable,
+                "use_regional_compilation": self.use_regional_compilation}
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``torch.compile``."""
+        kwargs = self.to_dict()
+        kwargs.pop("use_regional_compilation")
+        return kwargs
+
+
+@dataclass
+class ActivationCheckpointingKwargs:
+    """Recompute each block's activations in backward instead of keeping them, under every strategy
+    (single device, DDP, FSDP2, pipeline stages)::
+
+        Accelerator(kwargs_handlers=[ActivationCheckpointingKwargs()])
+
+    ``block_names``: class names of the blocks to checkpoint (default: the FSDP plugin's
+    ``transformer_cls_names_to_wrap``, the model's ``_no_split_modules``, else its repeated blocks).
+    ``FullyShardedDataParallelPlugin(activation_checkpointing=True)`` means the same.
+    """
+
+    enabled: bool = True
+    block_names: list[str] | None = None

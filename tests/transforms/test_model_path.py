@@ -1,0 +1,134 @@
+"""The one model path: hooks in one registry under every strategy, compilation (whole and regional) and
+activation checkpointing with the same meaning everywhere, typed strategy settings, the plan's isolation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from overdrive import (
+    Accelerator,
+    ActivationCheckpointingKwargs,
+    FullyShardedDataParallelPlugin,
+    TorchDynamoPlugin,
+)
+from overdrive.state import AcceleratorState
+from test_parallel_helpers import accelerated_losses, make_model, reference_losses, worst
+
+
+def overdrive_hooks(model: nn.Module) -> int:
+    """Forward hooks left on any module of ``model`` (the model path adds none besides its registry's)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def is_checkpointed(module: nn.Module) -> bool:
+    from torch.distributed._composable.contract import _get_registry
+
+    return "checkpoint" in (_get_registry(module) or {})
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["single", "fsdp2-one-process"])
+def test_unwrap_without_fp32_wrapper_and_free_memory_remove_every_hook(fsdp: bool):
+    kwargs = {"fsdp_plugin": FullyShardedDataParallelPlugin()} if fsdp else {}
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", **kwargs)
+    model = accelerator.prepare(make_model())
+    assert overdrive_hooks(model) == 2 and len(accelerator.hooks) == 2
+    plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    assert overdrive_hooks(plain) == 0 and len(accelerator.hooks) == 0
+    other = accelerator.prepare(make_model())
+    assert overdrive_hooks(other) == 2
+    accelerator.free_memory()
+    assert overdrive_hooks(other) == 0 and len(accelerator.hooks) == 0
+
+
+def test_meta_model_is_refused_by_the_one_path_and_leaves_no_hook():
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    with torch.device("meta"):
+        model = make_model()
+    with pytest.raises(ValueError, match=r"parameters on the meta device \(embed.weight"):
+        accelerator.prepare(model)
+    assert len(accelerator.hooks) == 0 and accelerator.prepared.models == []
+
+
+def test_activation_checkpointing_and_regional_compile_on_one_process_match_plain_pytorch():
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[ActivationCheckpointingKwargs()],
+                              dynamo_plugin=TorchDynamoPlugin(backend="eager", use_regional_compilation=True))
+    out = accelerated_losses(accelerator, 8, 3)
+    assert worst(out["losses"], reference_losses(8, 3)) < 1e-5
+    model = out["model"]
+    assert all(is_checkpointed(block) for block in model.layers)
+    assert all(block._compiled_call_impl is not None for block in model.layers)
+    assert model._compiled_call_impl is None  # regional: the blocks, not the whole model
+    assert accelerator.unwrap_model(model) is model  # compiled in place: the names and checkpoints stay
+
+
+def test_whole_model_compile_is_in_place_and_dynamo_backend_means_the_same():
+    accelerator = Accelerator(cpu=True, dynamo_backend="eager")
+    model = accelerator.prepare(make_model())
+    assert type(model).__name__ == "TinyTransformer" and model._compiled_call_impl is not None
+    assert accelerator.plan.transforms.compile.backend == "eager"
+    assert list(model.state_dict()) == list(make_model().state_dict())  # no "_orig_mod." prefixes
+
+
+def test_regional_compile_time_does_not_grow_with_depth():
+    """Identical blocks share their compiled code: 2 and 6 blocks give the same number of graphs."""
+    from torch._dynamo.utils import counters
+
+    graphs = []
+    for layers in (2, 6):
+        torch._dynamo.reset()
+        counters.clear()
+        accelerator = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="eager",
+                                                                            use_regional_compilation=True))
+        model = accelerator.prepare(make_model(layers=layers))
+        model(torch.zeros(2, 8, dtype=torch.long)).sum().backward()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[1] >= 1
+
+
+def test_dynamo_plugin_settings_are_checked_and_backends_given_twice_must_agree():
+    with pytest.raises(ValueError) as caught:
+        Accelerator(cpu=True, dynamo_backend="eager", dynamo_plugin=TorchDynamoPlugin(backend="inductor",
+                                                                                     mode="fastest"))
+    message = str(caught.value)
+    assert "dynamo_backend='eager' and TorchDynamoPlugin(backend='inductor') disagree" in message
+    assert "TorchDynamoPlugin(mode='fastest') is not valid; choose one of default" in message
+    assert TorchDynamoPlugin(backend="INDUCTOR").to_kwargs() == {
+        "backend": "inductor", "mode": "default", "fullgraph": False, "dynamic": None, "options": None,
+        "disable": False}
+    assert Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="no")).plan.transforms.compile is None
+
+
+def test_strategies_take_typed_settings_and_refuse_others():
+    from overdrive.resolve import DDPSettings
+    from overdrive.strategies import create_strategy
+
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(TypeError, match="strategy 'fsdp2' takes FSDP2Settings settings, got DDPSettings"):
+        create_strategy("fsdp2", accelerator.strategy.context, DDPSettings())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bucket_cap'"):
+        DDPSettings(bucket_cap=10)  # type: ignore[call-arg]
+
+
+def test_a_second_accelerator_does_not_change_the_first_ones_plan_and_user_objects_are_copied():
+    from overdrive import DataLoaderConfiguration, ProjectConfiguration
+
+    project = ProjectConfiguration(project_dir="/tmp/first")
+    loaders = DataLoaderConfiguration(even_batches=True)
+    first = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=2, project_config=project,
+                        dataloader_config=loaders)
+    first.project_configuration.iteration += 3
+    first.even_batches = False
+    assert project.iteration == 0 and loaders.even_batches is True  # the user's objects are left as given
+    assert first.plan.project.iteration == 0 and first.plan.dataloader.even_batches is True  # the plan too
+    second = Accelerator(cpu=True)
+    assert first.state.mixed_precision == "bf16" and first.state.num_steps == 2
+    assert second.state.mixed_precision == "no" and AcceleratorState().mixed_precision == "no"  # the newest
+    assert first.gradient_state.window is first.window and first.gradient_accumulation_steps == 2
+
+
+def test_fsdp_plugin_activation_checkpointing_still_works_without_sharding():
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(activation_checkpointing=True))
+    model = accelerator.prepare(make_model())
+    assert all(is_checkpointed(block) for block in model.layers)
