@@ -20,7 +20,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("overdrive.config", "overdrive._lazy", "overdrive._version", "overdrive.launchers.protocol",
      "overdrive.compat.accelerate_env"),
     # 1 helpers over torch alone
+    # runtime.group (the one source of rank / world size) and the cluster detection it reads sit with the
+    # helpers that ask for the rank (ops, logging, set_seed): they import only torch.distributed and os
     ("overdrive.ops", "overdrive.logging", "overdrive.utils.misc", "overdrive.utils.random",
+     "overdrive.runtime.group", "overdrive.runtime.cluster",
      "overdrive.utils.memory", "overdrive.compat.imports", "overdrive.compat.environment"),
     ("overdrive.runtime",),
     ("overdrive.precision",),

@@ -46,15 +46,18 @@ class PreparedObjects:
         return any(obj is seen for seen in (*self.models, *self.optimizers, *self.schedulers, *self.dataloaders))
 
     def add_model(self, model: nn.Module) -> None:
+        """Record a prepared model (in order)."""
         self.models.append(model)
         self.model_ids.add(id(model))
 
     def has_model(self, model: nn.Module) -> bool:
+        """Whether ``model`` (by identity) is a prepared model."""
         return id(model) in self.model_ids
 
     @staticmethod
     def add_hook(hooks: collections.OrderedDict[int, Callable[..., None]],
                  hook: Callable[..., None]) -> RemovableHandle:
+        """File ``hook`` in ``hooks`` (``save_hooks`` or ``load_hooks``); the handle's ``remove()`` takes it out."""
         handle = RemovableHandle(hooks)
         hooks[handle.id] = hook
         return handle

@@ -58,6 +58,7 @@ class TorchDynamoPlugin:
         return found
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, the backend in torch.compile's spelling (Accelerate's ``to_dict``)."""
         return {"backend": self.backend_name, "mode": self.mode or "default", "fullgraph": self.fullgraph,
                 "dynamic": self.dynamic, "options": self.options, "disable": self.disable,
                 "use_regional_compilation": self.use_regional_compilation}

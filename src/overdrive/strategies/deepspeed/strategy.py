@@ -32,9 +32,9 @@ from torch.utils.data import DataLoader
 
 from overdrive.config import DistributedType
 from overdrive.resolve.deepspeed import DeepSpeedSettings
+from overdrive.strategies.base import StrategyContext
 from overdrive.strategies.deepspeed.checkpoint import EngineCheckpoint, is_engine
 from overdrive.strategies.deepspeed.ds_config import engine_config
-from overdrive.strategies.base import StrategyContext
 
 
 class DeepSpeedStrategy:
