@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
 from overdrive.accumulation import AccumulationWindow
@@ -33,7 +32,7 @@ class PreparedObjects:
         self.model_ids: set[int] = set()
         self.optimizers: list[Any] = []  # AcceleratedOptimizer
         self.schedulers: list[Any] = []  # AcceleratedScheduler
-        self.dataloaders: list[DataLoader] = []
+        self.dataloaders: list[Any] = []  # prepared loaders (state_dict / load_state_dict)
         #: objects with state_dict() / load_state_dict() given to ``register_for_checkpointing``
         self.custom_objects: list[Any] = []
         #: ``hook(models, weights, output_dir)`` before each save, by handle id

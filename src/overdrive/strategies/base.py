@@ -64,6 +64,7 @@ class Strategy(Protocol):
     def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
         """The model as it trains under this strategy: the model path (``transforms.path``) run on it.
         ``evaluation_mode`` leaves out a data-parallel wrapper that only serves training (DDP)."""
+        ...
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever ``wrap_model`` returned."""
