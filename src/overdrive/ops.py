@@ -365,14 +365,10 @@ def gather(tensor: Any) -> Any:
     world = world_size()
     if world == 1:
         return tensor
-    raw = _tensor_leaves(tensor, "gather")
-    if not raw:
+    leaves = [t.reshape(1) if t.ndim == 0 else t for t in _tensor_leaves(tensor, "gather")]
+    if not leaves:
         return tensor
-    leaves = [t.reshape(1) if t.ndim == 0 else t for t in raw]
-    # a 0-dim tensor counts as one element (a process with nothing to add may pass an empty 1-dim one)
-    described = tensor if all(t.ndim for t in raw) else recursively_apply(
-        lambda t: t.reshape(1) if t.ndim == 0 else t, tensor)
-    meta = _gather_meta(described, leaves, world)
+    meta = _gather_meta(tensor, leaves, world)
     sizes = meta[:, :, 2].tolist()
     return _rebuild(tensor, [_gather_one(t, [row[i] for row in sizes], world) for i, t in enumerate(leaves)])
 
