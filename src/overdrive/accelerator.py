@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle  # noqa: TC002 - the hook registration methods return it
 
 from overdrive import ops
+from overdrive.accelerator_surface import AccelerateSurface
 from overdrive.accumulation import AccumulationWindow
 from overdrive.config import (
     AutocastKwargs,
@@ -45,7 +46,7 @@ from overdrive.strategies.base import StrategyContext
 from overdrive.transforms.hooks import HookRegistry
 
 
-class Accelerator:
+class Accelerator(AccelerateSurface):
     """Run one training loop on a CPU, one device, or many processes, with mixed precision and
     gradient accumulation::
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from overdrive import Accelerator, DistributedDataParallelKwargs, GradScalerKwargs
-from overdrive.compat.accelerator_surface import AccelerateSurface
+from overdrive.accelerator_surface import AccelerateSurface
 
 pytestmark = pytest.mark.skipif(not issubclass(Accelerator, AccelerateSurface),
                                 reason="waits for the Accelerator facade of issue 11 (arch-core) on main")
