@@ -83,3 +83,16 @@ def test_json_records_that_are_not_objects_name_the_line(tmp_path):
     path.write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n[1, 2]\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not a metrics record"):
         read_metrics(path)
+
+
+
+@pytest.mark.parametrize("how", ["dynamo_backend", "dynamo_plugin"])
+def test_unknown_dynamo_backend_is_refused_when_the_accelerator_is_built(how):
+    from overdrive import Accelerator
+    from overdrive.utils import TorchDynamoPlugin
+
+    kwargs = {"dynamo_backend": "nosuch"} if how == "dynamo_backend" else {
+        "dynamo_plugin": TorchDynamoPlugin(backend="nosuch")}
+    # refused at construction (not at prepare()), naming the value and the valid choices
+    with pytest.raises(ValueError, match=r"backend='nosuch'.*choose one of.*inductor"):
+        Accelerator(**kwargs)
