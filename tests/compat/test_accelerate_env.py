@@ -79,14 +79,15 @@ def test_launch_as_accelerate_aliases_and_exports_in_every_worker(tmp_path):
         from accelerate import Accelerator
         import overdrive
         a = Accelerator()
-        print("WORKER", json.dumps({"rank": a.process_index, "aliased": accelerate is overdrive,
-              "variable": os.environ.get("ACCELERATE_MIXED_PRECISION"), "precision": a.mixed_precision}), flush=True)
+        # one file per rank: the two workers' stdout lines can interleave in the launcher's output
+        with open(f"worker_{a.process_index}.json", "w") as f:
+            json.dump({"rank": a.process_index, "aliased": accelerate is overdrive,
+                       "variable": os.environ.get("ACCELERATE_MIXED_PRECISION"), "precision": a.mixed_precision}, f)
     """))
     result = overdrive("launch", "--num_processes", "2", "--mixed_precision", "bf16", "--as_accelerate", str(script),
                        env=clean_env(tmp_path), cwd=tmp_path, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = sorted((json.loads(line.split("WORKER", 1)[1]) for line in result.stdout.splitlines() if "WORKER" in line),
-                  key=lambda row: row["rank"])
+    rows = [json.loads((tmp_path / f"worker_{r}.json").read_text()) for r in (0, 1)]
     assert rows == [{"rank": r, "aliased": True, "variable": "bf16", "precision": "bf16"} for r in (0, 1)]
 
 
