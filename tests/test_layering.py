@@ -34,7 +34,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("overdrive.data", "overdrive.optimizer", "overdrive.scheduler", "overdrive.profiling"),
     ("overdrive.strategies",),
     ("overdrive.checkpoint", "overdrive.big_model"),
-    ("overdrive.accelerator", "overdrive.accelerator_surface", "overdrive.local_sgd"),
+    ("overdrive.accelerator", "overdrive.accelerator_surface", "overdrive.accelerator_processes",
+     "overdrive.accelerator_collectives", "overdrive.accelerator_checkpoint", "overdrive.local_sgd"),
     ("overdrive.launchers",),
     ("overdrive.cli",),
     # compat: re-exports at Accelerate's dotted paths, the old paths of moved modules, the lazy public surface

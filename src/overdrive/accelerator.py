@@ -1,6 +1,10 @@
 """The ``Accelerator`` facade: Accelerate's verbs over a resolved plan, a strategy and a precision.
 
 Every method is short and calls into the objects the plan chose; none asks which strategy is in use.
+This module holds construction, ``prepare``, the training step, tracking and memory; the class inherits
+the rest, one module per concern: ``accelerator_processes`` (device, ranks, mesh axes, process control),
+``accelerator_collectives`` (gather, reduce, triggers), ``accelerator_checkpoint`` (``save_state``,
+``load_state``, ``save_model``, ...) and ``accelerator_surface`` (Accelerate's attribute names).
 """
 
 from __future__ import annotations
@@ -14,16 +18,16 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from torch.utils.hooks import RemovableHandle  # noqa: TC002 - the hook registration methods return it
 
-from overdrive import ops
+from overdrive.accelerator_checkpoint import CheckpointVerbs
+from overdrive.accelerator_collectives import CollectiveVerbs
+from overdrive.accelerator_processes import ProcessSurface
 from overdrive.accelerator_surface import AccelerateSurface
 from overdrive.accumulation import AccumulationWindow
 from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DeepSpeedPlugin,
-    DistributedType,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     MegatronLMPlugin,
@@ -36,7 +40,7 @@ from overdrive.config import (
 )
 from overdrive.optimizer import AcceleratedOptimizer
 from overdrive.precision.amp import AmpPrecision
-from overdrive.prepared import PreparedObjects, TrainingState
+from overdrive.prepared import PreparedObjects
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
 from overdrive.runtime.mesh import ParallelMesh
 from overdrive.scheduler import AcceleratedScheduler
@@ -46,7 +50,7 @@ from overdrive.strategies.base import StrategyContext
 from overdrive.transforms.hooks import HookRegistry
 
 
-class Accelerator(AccelerateSurface):
+class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSurface):
     """Run one training loop on a CPU, one device, or many processes, with mixed precision and
     gradient accumulation::
 
@@ -121,142 +125,6 @@ class Accelerator(AccelerateSurface):
         #: what prepare() returned and register_for_checkpointing() added, in order
         self.prepared = PreparedObjects()
         self.flag_tensor: torch.Tensor | None = None
-
-    # -- where and who ------------------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.strategy.distributed_type or self.state.distributed_type
-
-    @property
-    def mixed_precision(self) -> str:
-        return self.plan.precision.name
-
-    @property
-    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
-        """The DeepSpeed plugin the next ``prepare()`` uses (``state.select_deepspeed_plugin`` chooses)."""
-        return self.state.deepspeed_plugin
-
-    # -- the device mesh: one axis per kind of parallelism --------------------------------------------
-    @property
-    def torch_device_mesh(self) -> Any:
-        """The job's ``DeviceMesh`` (axes dp_replicate, dp_shard, cp, tp: those larger than 1), or None."""
-        return self.mesh.mesh
-
-    @property
-    def data_parallel_size(self) -> int:
-        """Processes that see different batches (replicate x shard)."""
-        return self.mesh.size("dp")
-
-    @property
-    def data_parallel_rank(self) -> int:
-        return self.mesh.rank("dp")
-
-    @property
-    def data_parallel_shard_size(self) -> int:
-        return self.mesh.size("dp_shard")
-
-    @property
-    def data_parallel_shard_rank(self) -> int:
-        return self.mesh.rank("dp_shard")
-
-    @property
-    def data_parallel_replicate_rank(self) -> int:
-        return self.mesh.rank("dp_replicate")
-
-    @property
-    def tensor_parallel_size(self) -> int:
-        return self.mesh.size("tp")
-
-    @property
-    def tensor_parallel_rank(self) -> int:
-        return self.mesh.rank("tp")
-
-    @property
-    def context_parallel_size(self) -> int:
-        return self.mesh.size("cp")
-
-    @property
-    def context_parallel_rank(self) -> int:
-        return self.mesh.rank("cp")
-
-    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None,
-                               buffer_seq_dims: list[int] | None = None,
-                               no_restore_buffers: set[torch.Tensor] | None = None) -> contextlib.AbstractContextManager:
-        """Split ``buffers`` along their sequence dims over the context-parallel axis and run attention as
-        ring attention inside the block (forward and backward); nothing without context parallelism."""
-        from overdrive.transforms.context_parallel import context_parallel_region
-
-        return context_parallel_region(self.mesh.get("cp"), buffers, buffer_seq_dims, no_restore_buffers,
-                                       self.plan.cp_comm_strategy)
-
-    @property
-    def device_placement(self) -> bool:
-        return self.plan.device_placement
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
-
-    # -- data-loader settings -----------------------------------------------------------------------
-    @property
-    def split_batches(self) -> bool:
-        return self.dataloader_config.split_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self.dataloader_config.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        return self.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.dataloader_config.non_blocking
 
     # -- accumulation state (the window owns it) ----------------------------------------------------
     @property
@@ -446,105 +314,6 @@ class Accelerator(AccelerateSurface):
         """Mixed-precision autocast for code outside the prepared models' forward."""
         return self.precision.autocast(autocast_handler)
 
-    # -- collectives --------------------------------------------------------------------------------
-    def gather(self, tensor: Any) -> Any:
-        """Every process's tensors (nested structures too), concatenated along dim 0 in rank order.
-
-        Tensor-parallel peers hold the same outputs: one of each group contributes."""
-        return ops.gather(self.mesh.keep_own_share(tensor))
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """``gather``, minus the samples repeated to fill the last batch: over an epoch the results are
-        exactly the dataset's samples, in order, at any world size."""
-        input_data = self.mesh.keep_own_share(input_data)
-        all_tensors = _all_tensors(input_data)
-        if use_gather_object or not all_tensors:
-            data = ops.gather_object(input_data)
-        else:
-            data = ops.gather(input_data)
-        state = self.gradient_state
-        loader = state.active_dataloader
-        if loader is not None and not getattr(loader, "even_batches", True):
-            # Uneven batches repeat no sample: nothing to trim. A process with fewer batches joins the longer
-            # ones' remaining gathers once its loop ends (the loader replays this call with no data).
-            loader.note_final_gather(input_data, all_tensors and not use_gather_object)
-            return data
-        if not (state.end_of_dataloader and state.remainder > 0):
-            return data
-        if all_tensors and not use_gather_object:
-            return ops.recursively_apply(lambda t: t[: state.remainder], data)
-        return data[: state.remainder]
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        return ops.reduce(tensor, reduction, scale)
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
-
-    def set_trigger(self) -> None:
-        """Raise a flag on this process that ``check_trigger`` will see on every process."""
-        self.flag_tensor = torch.tensor(1, device=self.device)
-
-    def check_trigger(self) -> bool:
-        """Whether any process called ``set_trigger`` since the last check (a collective: call on all)."""
-        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
-        if self.reduce(flag, reduction="sum").item() >= 1:
-            self.flag_tensor = torch.tensor(0, device=self.device)
-            return True
-        return False
-
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
-        """Train on data whose per-process length differs: processes that run out shadow the others'
-        collectives (``torch.distributed.algorithms.Join``)."""
-        if self.num_processes == 1:
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
-
-        loaders = self.prepared.dataloaders
-        saved = [loader.even_batches for loader in loaders]
-        if even_batches is not None:
-            for loader in loaders:
-                loader.even_batches = even_batches
-        try:
-            with Join(joinables):
-                yield
-        finally:
-            for loader, value in zip(loaders, saved):
-                loader.even_batches = value
-
-    # -- process control (delegated to the process state) -------------------------------------------
-    def wait_for_everyone(self) -> None:
-        self.state.wait_for_everyone()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        self.state.print(*args, **kwargs)
-
-    def main_process_first(self) -> contextlib.AbstractContextManager:
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager:
-        return self.state.local_main_process_first()
-
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager:
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def on_main_process(self, function: Callable) -> Callable:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable) -> Callable:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable) -> Callable:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
     # -- experiment tracking ------------------------------------------------------------------------
     def init_trackers(self, project_name: str, config: dict | None = None,
                       init_kwargs: dict[str, dict] | None = None) -> None:
@@ -600,77 +369,6 @@ class Accelerator(AccelerateSurface):
 
     clear = free_memory
 
-    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
-        """Save ``obj`` once per machine group (on the main process), with torch.save or safetensors."""
-        if not self.is_main_process:
-            return
-        if safe_serialization:
-            from safetensors.torch import save_file
-
-            save_file(obj, str(f), metadata={"format": "pt"})
-        else:
-            torch.save(obj, f)
-
-    # -- checkpoints --------------------------------------------------------------------------------
-    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-                   **save_model_func_kwargs: Any) -> str:
-        """Save the whole training state (models, optimizers, schedulers, loss scaler, data-loader
-        positions, RNG states, step counters, registered objects) to ``output_dir``; call on every process.
-
-        Each process writes its own shard (``torch.distributed.checkpoint``); the folder appears by one
-        atomic rename once all are done. With ``automatic_checkpoint_naming`` the folder is
-        ``<project_dir>/checkpoints/checkpoint_<iteration>`` and ``total_limit`` applies. Returns the folder.
-        """
-        from overdrive.checkpoint import save_state
-
-        return save_state(self.training_state(), output_dir, safe_serialization, **save_model_func_kwargs)
-
-    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> str:
-        """Restore what ``save_state`` saved (the newest complete checkpoint when ``input_dir`` is None and
-        names are automatic), at this or another number of processes. Keywords: ``allow_pickle``
-        (default False), ``strict`` (default True), ``verify`` (checksums, default True)."""
-        from overdrive.checkpoint import load_state
-
-        return load_state(self.training_state(), input_dir, **load_model_func_kwargs)
-
-    def training_state(self) -> TrainingState:
-        """What ``save_state`` saves and ``load_state`` restores: the prepared and registered objects, the
-        accumulation window, the project configuration, the loss scaler and the strategy's engine."""
-        return TrainingState(objects=self.prepared, window=self.window, project=self.project_configuration,
-                             device=self.device, process_index=self.process_index,
-                             local_process_index=self.local_process_index, scaler=self.scaler,
-                             engine=self.strategy.engine_checkpoint, unwrap_model=self.unwrap_model)
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and load ``objects`` (each with ``state_dict`` / ``load_state_dict``) with the state."""
-        from overdrive.checkpoint import check_stateful
-
-        self.prepared.custom_objects.extend(check_stateful(objects))
-
-    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` before each ``save_state``; a hook that saves a model
-        itself pops its entry from ``weights``. Returns a handle with ``remove()``."""
-        return self.prepared.add_hook(self.prepared.save_hooks, hook)
-
-    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, input_dir)`` before each ``load_state``; a hook that loads a model itself
-        pops it from ``models``. Returns a handle with ``remove()``."""
-        return self.prepared.add_hook(self.prepared.load_hooks, hook)
-
-    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
-                   safe_serialization: bool = True) -> None:
-        """Write ``model``'s full weights as ``model.safetensors`` (or shards + index) in ``save_directory``."""
-        from overdrive.checkpoint import save_model
-
-        save_model(model, save_directory, max_shard_size, safe_serialization, is_main_process=self.is_main_process,
-                   engine=self.strategy.engine_checkpoint)
-
-    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """``model``'s full state dict on the CPU, by the user's parameter names (gathered when sharded)."""
-        from overdrive.checkpoint import get_state_dict
-
-        return get_state_dict(model, unwrap=unwrap, engine=self.strategy.engine_checkpoint)
-
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """``dataloader`` skipping the first ``num_batches`` batches of its next epoch (where ``load_state``
         would resume it)."""
@@ -683,8 +381,3 @@ class Accelerator(AccelerateSurface):
                 f"num_processes={self.num_processes}, mixed_precision={self.mixed_precision!r}, "
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps})")
 
-
-def _all_tensors(data: Any) -> bool:
-    leaves: list[Any] = []
-    ops.recursively_apply(leaves.append, data, test_type=lambda x: True)
-    return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)

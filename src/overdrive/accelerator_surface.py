@@ -2,22 +2,29 @@
 
 ``Accelerator`` inherits them, so the facade keeps its own short methods: transformers reads
 ``accelerator._models``, scripts read ``native_amp``, ``ddp_handler`` and the other ``*_handler``
-attributes, ``rng_types``, ``log_with`` and ``trackers``. Each is a view of the resolved plan or of the
-prepared-objects registry, never a second copy.
+attributes, ``rng_types``, ``log_with``, ``trackers``, ``project_dir`` and the data-loader settings. Each is
+a view of the resolved plan, of the prepared-objects registry or of the Accelerator's own run settings
+(``project_configuration``, ``dataloader_config``), never a second copy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from overdrive.config import DataLoaderConfiguration, ProjectConfiguration
 
 
 class AccelerateSurface:
-    """Accelerate's attribute names on an object with ``plan``, ``prepared`` and ``precision``."""
+    """Accelerate's attribute names on an object with ``plan``, ``prepared``, ``precision``,
+    ``project_configuration`` and ``dataloader_config``."""
 
     plan: Any
     prepared: Any
     precision: Any
+    project_configuration: ProjectConfiguration
+    dataloader_config: DataLoaderConfiguration
 
     # -- what prepare() returned (Accelerate keeps them in these private lists; libraries read them) --
     @property
@@ -113,3 +120,50 @@ class AccelerateSurface:
     @trackers.setter
     def trackers(self, value: list[Any]) -> None:
         self.__dict__["_trackers"] = list(value)
+
+    # -- placement and project folders ----------------------------------------------------------------
+    @property
+    def device_placement(self) -> bool:
+        """Whether ``prepare`` moves models and batches to the device by default."""
+        return self.plan.device_placement
+
+    @property
+    def project_dir(self) -> str | None:
+        """The project folder (checkpoints go under it with automatic naming), or None."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """The folder trackers write to, or None."""
+        return self.project_configuration.logging_dir
+
+    # -- data-loader settings (a copy of the plan's, owned by this Accelerator) -----------------------
+    @property
+    def split_batches(self) -> bool:
+        """Whether each loader's batch is split over the processes (else each process takes whole batches)."""
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """Whether the main process reads every batch and sends each process its share (None: decided
+        per loader)."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether the last batches are filled up so every process gets the same number (settable)."""
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """Whether loaders shuffle with a sampler seeded by (seed, epoch), the same at any world size."""
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether batches are copied to the device without waiting."""
+        return self.dataloader_config.non_blocking

@@ -1,0 +1,110 @@
+"""The ``Accelerator``'s checkpoint verbs: ``save_state`` / ``load_state``, ``save_model``, ``get_state_dict``,
+``save``, ``register_for_checkpointing`` and the save / load hooks.
+
+``Accelerator`` inherits them. Each hands ``checkpoint/`` one ``TrainingState`` (the prepared objects, the
+accumulation window, the project settings, the scaler, the strategy's engine) or the model itself; the
+checkpoint package never reads the facade.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from overdrive.prepared import TrainingState
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.utils.hooks import RemovableHandle
+
+    from overdrive.accumulation import AccumulationWindow
+    from overdrive.config import ProjectConfiguration
+    from overdrive.prepared import PreparedObjects
+    from overdrive.state import AcceleratorState
+    from overdrive.strategies import Strategy
+
+
+class CheckpointVerbs:
+    """Accelerate's checkpoint verbs on an object with ``prepared``, ``window``, ``project_configuration``,
+    ``scaler``, ``strategy``, the process ``state`` and ``unwrap_model``."""
+
+    prepared: PreparedObjects
+    window: AccumulationWindow
+    project_configuration: ProjectConfiguration
+    scaler: Any
+    strategy: Strategy
+    state: AcceleratorState
+    unwrap_model: Callable[..., nn.Module]
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Save ``obj`` once per machine group (on the main process), with torch.save or safetensors."""
+        if not self.state.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, str(f), metadata={"format": "pt"})
+        else:
+            torch.save(obj, f)
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """Save the whole training state (models, optimizers, schedulers, loss scaler, data-loader
+        positions, RNG states, step counters, registered objects) to ``output_dir``; call on every process.
+
+        Each process writes its own shard (``torch.distributed.checkpoint``); the folder appears by one
+        atomic rename once all are done. With ``automatic_checkpoint_naming`` the folder is
+        ``<project_dir>/checkpoints/checkpoint_<iteration>`` and ``total_limit`` applies. Returns the folder.
+        """
+        from overdrive.checkpoint import save_state
+
+        return save_state(self.training_state(), output_dir, safe_serialization, **save_model_func_kwargs)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> str:
+        """Restore what ``save_state`` saved (the newest complete checkpoint when ``input_dir`` is None and
+        names are automatic), at this or another number of processes. Keywords: ``allow_pickle``
+        (default False), ``strict`` (default True), ``verify`` (checksums, default True)."""
+        from overdrive.checkpoint import load_state
+
+        return load_state(self.training_state(), input_dir, **load_model_func_kwargs)
+
+    def training_state(self) -> TrainingState:
+        """What ``save_state`` saves and ``load_state`` restores: the prepared and registered objects, the
+        accumulation window, the project configuration, the loss scaler and the strategy's engine."""
+        return TrainingState(objects=self.prepared, window=self.window, project=self.project_configuration,
+                             device=self.state.device, process_index=self.state.process_index,
+                             local_process_index=self.state.local_process_index, scaler=self.scaler,
+                             engine=self.strategy.engine_checkpoint, unwrap_model=self.unwrap_model)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load ``objects`` (each with ``state_dict`` / ``load_state_dict``) with the state."""
+        from overdrive.checkpoint import check_stateful
+
+        self.prepared.custom_objects.extend(check_stateful(objects))
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before each ``save_state``; a hook that saves a model
+        itself pops its entry from ``weights``. Returns a handle with ``remove()``."""
+        return self.prepared.add_hook(self.prepared.save_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before each ``load_state``; a hook that loads a model itself
+        pops it from ``models``. Returns a handle with ``remove()``."""
+        return self.prepared.add_hook(self.prepared.load_hooks, hook)
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """Write ``model``'s full weights as ``model.safetensors`` (or shards + index) in ``save_directory``."""
+        from overdrive.checkpoint import save_model
+
+        save_model(model, save_directory, max_shard_size, safe_serialization, is_main_process=self.state.is_main_process,
+                   engine=self.strategy.engine_checkpoint)
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """``model``'s full state dict on the CPU, by the user's parameter names (gathered when sharded)."""
+        from overdrive.checkpoint import get_state_dict
+
+        return get_state_dict(model, unwrap=unwrap, engine=self.strategy.engine_checkpoint)

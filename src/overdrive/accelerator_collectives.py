@@ -1,0 +1,110 @@
+"""The ``Accelerator``'s collectives over nested structures: ``gather``, ``gather_for_metrics``, ``reduce``,
+``pad_across_processes``, the trigger flag and ``join_uneven_inputs``.
+
+``Accelerator`` inherits them; they run ``overdrive.ops`` over the mesh's data-parallel share and read the
+end of the data from the gradient state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from overdrive import ops
+
+if TYPE_CHECKING:
+    from overdrive.prepared import PreparedObjects
+    from overdrive.runtime.mesh import ParallelMesh
+    from overdrive.state import AcceleratorState, GradientState
+
+
+class CollectiveVerbs:
+    """Accelerate's collective verbs on an object with ``state``, ``mesh``, ``gradient_state`` and
+    ``prepared``."""
+
+    state: AcceleratorState
+    mesh: ParallelMesh
+    gradient_state: GradientState
+    prepared: PreparedObjects
+    #: raised by ``set_trigger`` on this process, read (and lowered) by ``check_trigger``
+    flag_tensor: torch.Tensor | None
+
+    def gather(self, tensor: Any) -> Any:
+        """Every process's tensors (nested structures too), concatenated along dim 0 in rank order.
+
+        Tensor-parallel peers hold the same outputs: one of each group contributes."""
+        return ops.gather(self.mesh.keep_own_share(tensor))
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather``, minus the samples repeated to fill the last batch: over an epoch the results are
+        exactly the dataset's samples, in order, at any world size."""
+        input_data = self.mesh.keep_own_share(input_data)
+        all_tensors = _all_tensors(input_data)
+        if use_gather_object or not all_tensors:
+            data = ops.gather_object(input_data)
+        else:
+            data = ops.gather(input_data)
+        state = self.gradient_state
+        loader = state.active_dataloader
+        if loader is not None and not getattr(loader, "even_batches", True):
+            # Uneven batches repeat no sample: nothing to trim. A process with fewer batches joins the longer
+            # ones' remaining gathers once its loop ends (the loader replays this call with no data).
+            loader.note_final_gather(input_data, all_tensors and not use_gather_object)
+            return data
+        if not (state.end_of_dataloader and state.remainder > 0):
+            return data
+        if all_tensors and not use_gather_object:
+            return ops.recursively_apply(lambda t: t[: state.remainder], data)
+        return data[: state.remainder]
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """``tensor`` (nested structures too) reduced over every process: ``"sum"``, ``"mean"`` or
+        ``"none"``, multiplied by ``scale``."""
+        return ops.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """``tensor`` padded with ``pad_index`` along ``dim`` to the longest size on any process, so that it
+        can be gathered."""
+        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` will see on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.state.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (a collective: call on all)."""
+        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.state.device)
+        if self.reduce(flag, reduction="sum").item() >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.state.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train on data whose per-process length differs: processes that run out shadow the others'
+        collectives (``torch.distributed.algorithms.Join``)."""
+        if self.state.num_processes == 1:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        loaders = self.prepared.dataloaders
+        saved = [loader.even_batches for loader in loaders]
+        if even_batches is not None:
+            for loader in loaders:
+                loader.even_batches = even_batches
+        try:
+            with Join(joinables):
+                yield
+        finally:
+            for loader, value in zip(loaders, saved):
+                loader.even_batches = value
+
+
+def _all_tensors(data: Any) -> bool:
+    leaves: list[Any] = []
+    ops.recursively_apply(leaves.append, data, test_type=lambda x: True)
+    return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
