@@ -25,6 +25,7 @@ class PippyOutput(tuple):
 
     @property
     def logits(self) -> torch.Tensor:
+        """The logits (the first element), under the attribute name transformers' outputs use."""
         return self[0]
 
 

@@ -48,9 +48,14 @@ class PendingSave:
             self.error = exc
 
     def done(self) -> bool:
+        """Whether the background write has finished (published or failed); does not block."""
         return not self._thread.is_alive()
 
     def wait(self) -> str:
+        """Block until the save is published and return its folder.
+
+        Raises the exception the background thread met (a ``CheckpointError`` for a failed write), so
+        a failure surfaces in the training loop at the next save, load or ``end_training()``."""
         self._thread.join()
         if self.error is not None:
             raise self.error

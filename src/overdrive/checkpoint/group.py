@@ -46,6 +46,7 @@ class Group:
                 "Nothing was written or changed") from None
 
     def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (``[value]`` in one process); collective."""
         if not self.active:
             return [value]
         gathered: list[Any] = [None] * self.size
@@ -61,6 +62,7 @@ class Group:
         return box[0]
 
     def barrier(self) -> None:
+        """Wait until every rank of the group gets here (a no-op in one process)."""
         if self.active:
             dist.barrier(group=self.pg)
 

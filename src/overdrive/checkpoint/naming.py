@@ -106,6 +106,7 @@ def explain_missing(target: Path) -> str:
 
 
 def temporary_path(target: Path, token: str) -> Path:
+    """The hidden folder beside ``target`` that a save with ``token`` writes into before the rename."""
     return target.parent / f".{target.name}.tmp-{token}"
 
 

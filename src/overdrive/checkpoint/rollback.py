@@ -76,7 +76,9 @@ class Pieces:
         self.device = run.device
 
     def get_counters(self) -> dict[str, Any]:
+        """The run's counters as saved: the accumulation window's state and the project's ``iteration``."""
         return {**self.run.window.state_dict(), "iteration": self.run.project.iteration}
 
     def set_counters(self, counters: dict[str, Any]) -> None:
+        """Put back counters returned by :meth:`get_counters` (through the training state)."""
         self.run.load_counters(counters)

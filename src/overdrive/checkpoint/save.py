@@ -43,6 +43,7 @@ STATE_FILE = "state.json"
 
 
 def rank_file(rank: int) -> str:
+    """The name of the per-rank JSON file (RNG, loader positions) that rank ``rank`` writes."""
     return f"rank_{rank}.json"
 
 

@@ -36,11 +36,14 @@ def _mib(size: int) -> str:
 
 
 def free_bytes(folder: Path) -> int:
+    """Free bytes on the file system of ``folder`` (of its nearest existing parent if not made yet)."""
     existing = next((p for p in [folder, *folder.parents] if p.exists()), Path("/"))
     return shutil.disk_usage(existing).free
 
 
 def disk_full_message(folder: Path, needed: int, free: int | None = None) -> str:
+    """The error text for a save that does not fit: how much this process needs in ``folder``, how much
+    is free (measured when ``free`` is not given) and what to do."""
     free = free_bytes(folder) if free is None else free
     return (f"the disk is full: this process's part of the checkpoint needs about {_mib(needed)} in {folder}, "
             f"and that file system has {_mib(free)} free. Free some space (older checkpoints: total_limit) or "

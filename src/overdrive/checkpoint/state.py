@@ -33,9 +33,11 @@ class ModelState:
         self.model = model
 
     def state_dict(self) -> dict[str, Any]:
+        """The state dict by plain parameter names (``get_model_state_dict``; DTensors stay sharded)."""
         return get_model_state_dict(self.model)
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        """Load ``state_dict`` into the model in place (``set_model_state_dict``), ``strict`` as in torch."""
         set_model_state_dict(self.model, state_dict, options=StateDictOptions(strict=strict))
 
 
@@ -55,9 +57,11 @@ class OptimizerState:
         return bool(self.optimizer.state)
 
     def nested_state_dict(self) -> dict[str, Any]:
+        """The state dict keyed by parameter names (``get_optimizer_state_dict``), not flattened."""
         return get_optimizer_state_dict(self.owner, self.optimizer)
 
     def state_dict(self) -> dict[str, Any]:
+        """The flat state dict (see the class): one key per parameter and value."""
         return flatten_optimizer(self.nested_state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any], groups: list[dict[str, Any]] | None = None) -> None:
@@ -69,6 +73,8 @@ class OptimizerState:
 
 
 def flatten_optimizer(nested: dict[str, Any]) -> dict[str, Any]:
+    """Flatten a name-keyed optimizer state dict to ``state.<param>.<name>`` and
+    ``param_groups.<param>.<hyperparameter>`` keys (the inverse of ``unflatten_optimizer``)."""
     flat: dict[str, Any] = {}
     for name, values in nested[STATE].items():
         for key, value in values.items():
@@ -142,6 +148,8 @@ def capture_rng(device: torch.device) -> dict[str, Any]:
 
 
 def restore_rng(states: dict[str, Any], device: torch.device) -> None:
+    """Set the Python, torch, NumPy and ``device``'s RNG states from ``states`` (as ``capture_rng`` took
+    them); a device state saved on another device type is left out."""
     random.setstate(states["python"])
     torch.set_rng_state(states["torch"])
     if "numpy" in states:

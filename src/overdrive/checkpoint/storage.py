@@ -70,6 +70,10 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """Read a JSON file of a checkpoint.
+
+    Raises:
+        CheckpointError: the file is missing, truncated or not JSON (the message names the path)."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -95,6 +99,8 @@ def fsync_dir(path: Path) -> None:
 
 # -- the manifest ---------------------------------------------------------------------------------
 def manifest_data(files: dict[str, dict[str, Any]], world_size: int, contents: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's content: format and versions, the world size that wrote it, what it holds
+    (``contents``) and each file's size and checksum (``files``, sorted by name)."""
     from overdrive._version import __version__
 
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "world_size": world_size,
