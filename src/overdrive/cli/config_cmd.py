@@ -18,6 +18,7 @@ from overdrive.launchers import config_file as cf
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``overdrive config`` (the questions) and its actions ``default`` and ``update`` on ``sub``."""
     parser = sub.add_parser("config", help="write the config file 'overdrive launch' reads",
                             description="Answer a few questions and write the config file that 'overdrive launch' "
                                         f"reads (default: {cf.default_config_path()}).", allow_abbrev=False)
@@ -52,6 +53,8 @@ def _target(args: argparse.Namespace) -> Path:
 
 
 def run_default(args: argparse.Namespace) -> int:
+    """``overdrive config default``: write a config for this machine without questions (an existing file is
+    kept unless ``--force``); returns the exit status."""
     path = _target(args)
     if path.exists() and not args.force:
         print(f"overdrive config: {path} exists already and was left as it is; pass --force to overwrite it "
@@ -75,6 +78,8 @@ def run_default(args: argparse.Namespace) -> int:
 
 
 def run_update(args: argparse.Namespace) -> int:
+    """``overdrive config update``: rewrite an existing config file with the current keys (Accelerate's
+    ``accelerate config update``); returns the exit status."""
     path = _target(args)
     if not path.is_file():
         raise UsageError(f"there is no config file at {path} to update; run 'overdrive config' to write one")
@@ -96,6 +101,11 @@ class Asker:
         self.closed = False
 
     def ask(self, question: str, default: Any, parse: Callable[[str], tuple[Any, str | None]]) -> Any:
+        """Ask ``question`` until ``parse`` accepts the answer and return the parsed value.
+
+        ``parse`` returns ``(value, problem)``; a problem is printed and the question asked again. An
+        empty answer, or the end of the input (after which every question takes its default), gives
+        ``default``. Raises ``UsageError`` after ``tries`` rejected answers."""
         for _ in range(self.tries):
             if self.closed:
                 return default
@@ -114,6 +124,7 @@ class Asker:
         raise UsageError(f"no valid answer to {question!r} after {self.tries} tries")
 
     def choose(self, question: str, choices: list[str], default: str) -> str:
+        """Print the numbered ``choices``; return the one picked by number or name (``default`` on Enter)."""
         def parse(answer: str) -> tuple[Any, str | None]:
             if answer.isdigit() and 0 <= int(answer) < len(choices):
                 return choices[int(answer)], None
@@ -180,6 +191,7 @@ def questionnaire(asker: Asker, device_type: str, device_count: int) -> dict[str
 
 
 def run_questions(args: argparse.Namespace) -> int:
+    """``overdrive config``: ask the questions on the terminal and save the answers; returns 0."""
     path = _target(args)
     device_type, count = _device()
     print(f"overdrive config: a few questions for {path} (Enter keeps the [default])")

@@ -39,6 +39,7 @@ class Check:
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``overdrive doctor`` and its flags (the launch settings it checks) on ``sub``."""
     parser = sub.add_parser("doctor", help="check ports, names, the rendezvous, interfaces and disk before a job",
                             description=__doc__.split("\n\n")[0], allow_abbrev=False)
     add_flag(parser, "config_file", metavar="PATH", help="the config file launch would read")
@@ -59,6 +60,7 @@ def _setting(args: argparse.Namespace, config: dict[str, Any], name: str, defaul
 
 
 def check_hostname(num_machines: int = 1) -> Check:
+    """Whether this machine's name resolves, and (with several machines) not to a loopback address."""
     host = socket.gethostname()
     try:
         address = socket.gethostbyname(host)
@@ -72,6 +74,7 @@ def check_hostname(num_machines: int = 1) -> Check:
 
 
 def check_port(port: int) -> Check:
+    """Whether the rendezvous ``port`` can be opened here (checked on the machine of rank 0)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -84,6 +87,8 @@ def check_port(port: int) -> Check:
 
 
 def check_rendezvous(address: str, port: int, timeout: float) -> Check:
+    """Whether the main machine's ``address``:``port`` answers within ``timeout`` seconds (from a machine of
+    rank > 0, after the main machine's launch has opened it)."""
     try:
         resolved = socket.gethostbyname(address)
     except OSError as exc:
@@ -100,6 +105,8 @@ def check_rendezvous(address: str, port: int, timeout: float) -> Check:
 
 
 def check_interfaces(num_machines: int) -> list[Check]:
+    """Whether ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` name interfaces this machine has; without
+    them, a warning when several machines may pick different interfaces."""
     names = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
     found = []
     for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -125,6 +132,7 @@ def check_interfaces(num_machines: int) -> list[Check]:
 
 
 def check_disk(folder: Path) -> list[Check]:
+    """Whether the checkpoint ``folder`` (or its nearest existing parent) has 1 GiB free and is writable."""
     folder = folder.expanduser().absolute()
     existing = next((p for p in [folder, *folder.parents] if p.exists()), Path("/"))
     usage = shutil.disk_usage(existing)
@@ -164,6 +172,8 @@ def check_shared(folder: Path, num_machines: int) -> Check:
 
 def run_checks(num_machines: int, machine_rank: int, address: str | None, port: int, folder: Path,
                timeout: float) -> list[Check]:
+    """Run the checks that apply to this machine (the port on rank 0, the rendezvous on the others) and
+    return every finding, in the order printed."""
     checks = [check_hostname(num_machines)]
     if machine_rank == 0:
         checks.append(check_port(port))
@@ -180,6 +190,8 @@ def run_checks(num_machines: int, machine_rank: int, address: str | None, port: 
 
 
 def run(args: argparse.Namespace) -> int:
+    """``overdrive doctor``: read the flags and config file, run the checks, print each finding with its fix;
+    returns 1 when a check failed, else 0."""
     source = cf.find_config(getattr(args, "config_file", None))
     config = cf.load_config(source.path) if source.path and source.path.is_file() else {}
     problems: list[str] = []

@@ -13,6 +13,7 @@ from overdrive.launchers import config_file as cf
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``overdrive env`` (Accelerate's ``accelerate env``) on ``sub``."""
     parser = sub.add_parser("env", help="print versions, devices and the config, for bug reports",
                             allow_abbrev=False)
     add_flag(parser, "config_file", metavar="PATH", help="the config file to show (default: the one launch reads)")
@@ -85,5 +86,6 @@ def report(config_file: str | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``overdrive env``: print the report for bug reports (versions, devices, the config file); returns 0."""
     print(report(args.config_file))
     return 0

@@ -17,6 +17,7 @@ _DTYPES = ["float32", "float16", "int8", "int4"]
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``overdrive estimate-memory`` (Accelerate's ``accelerate estimate-memory``) on ``sub``."""
     parser = sub.add_parser("estimate-memory", allow_abbrev=False,
                             help="memory needed to load / train a model, from its config (Accelerate's table)")
     parser.add_argument("model_name", help="a folder with config.json, a config file, or a cached hub name")
@@ -29,6 +30,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``overdrive estimate-memory``: build the model on the meta device from its config and print the memory
+    table (or JSON with ``--json``); returns 0. A model that cannot be built is a ``UsageError``."""
     from overdrive.big_model.estimate import create_empty_model, estimate_memory, format_table
 
     try:

@@ -198,6 +198,7 @@ def _plugin_problems(section: str, values: dict[str, Any]) -> list[str]:
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``overdrive launch`` (``accelerate launch``'s flags), the script and its arguments."""
     parser: Parser = sub.add_parser(
         "launch", help="start a training script on several processes or machines",
         description="Start a script on N processes (and machines) through torchrun, with the settings of the "
@@ -227,6 +228,10 @@ def _check(checker: cf.Checker, label: str, raw: Any, problems: list[str]) -> An
 
 
 def read_config(args: argparse.Namespace) -> tuple[dict[str, Any], cf.ConfigSource]:
+    """The config file launch reads (``--config_file``, else the default one, if any) and where it came from.
+
+    Returns ``({}, source)`` when there is none. Raises ``UsageError`` for a file that is invalid, or
+    missing when ``--config_file`` named it."""
     source = cf.find_config(_given(args, "config_file"))
     if source.path is None:
         return {}, source
@@ -406,6 +411,8 @@ def _summary(plan: LaunchPlan, cpu: bool, cpu_reason: str, device_type: str | No
 
 
 def run(args: argparse.Namespace) -> int:
+    """``overdrive launch``: resolve the flags and config into a plan, print its summary (unless ``--quiet``)
+    and run the script through torchrun; returns the launch's exit status."""
     plan, command, summary = plan_launch(args)
     if not plan.quiet:
         print(summary, file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ from overdrive.cli import add_flag
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``overdrive test`` (``accelerate test``) and the few launch flags it passes on."""
     parser = sub.add_parser("test", help="train a tiny model with the current config to check this machine",
                             description="Launch a short built-in training run (overdrive/cli/_selftest.py) with the "
                                         "config file and flags given, and say whether it trained.",
@@ -38,6 +39,8 @@ def _launch_argv(args: argparse.Namespace, result: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``overdrive test``: launch the built-in tiny training run with the given config and flags and say
+    whether this machine can train; returns 0 when it trained, else the run's exit status (or 1)."""
     from overdrive.cli import Parser
     from overdrive.cli.launch import add_launch_flags, plan_launch
     from overdrive.launchers.torchrun import launch_script
