@@ -53,59 +53,73 @@ class PartialState:
 
     @property
     def initialized(self) -> bool:
+        """Whether this process's place (rank, device, process group) has been resolved."""
         return "plan" in self.__dict__
 
     # -- where and who ------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
+        """The device this process computes on (``cuda:<local rank>``, ``mps``, ``cpu``, ...)."""
         return self.plan.device
 
     @property
     def default_device(self) -> torch.device:
+        """The same as :attr:`device` (Accelerate's name)."""
         return self.plan.device
 
     @property
     def backend(self) -> str | None:
+        """The process group's backend ("nccl", "gloo", ...), or ``None`` in a single process."""
         return self.plan.backend
 
     @property
     def num_processes(self) -> int:
+        """The number of processes taking part (the world size)."""
         return self.plan.info.world_size
 
     @property
     def process_index(self) -> int:
+        """This process's global rank, from 0."""
         return self.plan.info.rank
 
     @property
     def local_process_index(self) -> int:
+        """This process's rank on its machine, from 0."""
         return self.plan.info.local_rank
 
     @property
     def num_machines(self) -> int:
+        """The number of machines: world size over processes per machine (at least 1)."""
         return max(1, self.plan.info.world_size // max(1, self.plan.info.local_world_size))
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is the process of global rank 0."""
         return self.process_index == 0
 
     @property
     def is_local_main_process(self) -> bool:
+        """Whether this is the first process of its machine."""
         return self.local_process_index == 0
 
     @property
     def is_last_process(self) -> bool:
+        """Whether this is the process of the highest rank."""
         return self.process_index == self.num_processes - 1
 
     @property
     def use_distributed(self) -> bool:
+        """Whether more than one process takes part."""
         return self.num_processes > 1
 
     @property
     def distributed_type(self) -> DistributedType:
+        """Accelerate's ``DistributedType`` for this run (a description; overdrive never branches on it)."""
         return self.plan.distributed_type
 
     @property
     def debug(self) -> bool:
+        """Whether distributed debug checks are on (``--debug`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``)."""
         return self.plan.debug
 
     # -- process control ----------------------------------------------------------------------------
@@ -171,6 +185,7 @@ class PartialState:
 
     def on_local_process(self, function: Callable | None = None,
                          local_process_index: int | None = None) -> Callable:
+        """Decorator: run ``function`` only on the process of local rank ``local_process_index``."""
         if function is None:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
         return self._run_if(lambda s: s.local_process_index == local_process_index, function)
@@ -181,6 +196,7 @@ class PartialState:
             print(*args, **kwargs)
 
     def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy ``group`` (default: the default process group), if a process group is initialized."""
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group(group)
 
@@ -232,11 +248,13 @@ class AcceleratorState(PartialState):
 
     @property
     def mixed_precision(self) -> str:
+        """The resolved mixed precision ("no", "fp16", "bf16" or "fp8"); "no" before an Accelerator exists."""
         training = self.__dict__.get("training")
         return training.precision.name if training is not None else "no"
 
     @property
     def num_steps(self) -> int:
+        """Micro-batches per optimizer step (the accumulation window); 1 before an Accelerator exists."""
         training = self.__dict__.get("training")
         return training.accumulation.num_steps if training is not None else 1
 
@@ -253,6 +271,7 @@ class AcceleratorState(PartialState):
         return settings.selected() if settings is not None else None
 
     def get_deepspeed_plugin(self, name: str) -> Any:
+        """The DeepSpeed plugin called ``name``; a ``ValueError`` lists the valid names if there is none."""
         return self._deepspeed_plugins_or_error(name)[name]
 
     def select_deepspeed_plugin(self, name: str | None = None) -> None:
@@ -382,10 +401,12 @@ class GradientState:
 
     @property
     def in_dataloader(self) -> bool:
+        """Whether a prepared data loader is being iterated (Accelerate's name)."""
         return self._progress.active_dataloader is not None
 
     @property
     def initialized(self) -> bool:
+        """Always ``True``: the state has no set-up step (Accelerate's name, read by transformers)."""
         return True
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
