@@ -46,13 +46,16 @@ class DDPStrategy(SingleDeviceStrategy):
         return wrapped
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The module inside ``DistributedDataParallel`` (``model`` itself if it was not wrapped)."""
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """DDP's ``no_sync()``: gradients accumulate locally until the window's last backward."""
         return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Make the next backward all-reduce gradients even inside ``no_sync`` (restored on exit)."""
         if not isinstance(model, DistributedDataParallel) or model.require_backward_grad_sync:
             yield
             return

@@ -30,6 +30,8 @@ _META_REMEDY = (", or let rank 0 hold the weights and pass FullyShardedDataParal
 
 
 class FSDP2Strategy:
+    """FSDP2 (``fully_shard``), HSDP, tensor and context parallel over the job's mesh (see the module)."""
+
     name = "fsdp2"
     settings_type = FSDP2Settings
     engine_checkpoint = None
@@ -44,10 +46,12 @@ class FSDP2Strategy:
 
     @property
     def distributed_type(self) -> DistributedType | None:
+        """``DistributedType.FSDP`` when parameters are sharded; ``None`` (the device's MULTI_*) otherwise."""
         return DistributedType.FSDP if self.mesh.dims.shards_parameters else None
 
     @property
     def shards_parameters(self) -> bool:
+        """Whether the mesh has a data-parallel shard axis, so that ``fully_shard`` runs."""
         return self.mesh.fsdp_mesh() is not None
 
     # -- the model ---------------------------------------------------------------------------------
@@ -90,6 +94,7 @@ class FSDP2Strategy:
                 self._owners[old_id] = (old_ref, *where[id(new)])
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """``model`` itself: ``fully_shard`` and the other transforms work in place."""
         return model  # every transform is in place
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
@@ -110,19 +115,23 @@ class FSDP2Strategy:
         return new
 
     def prepare_together(self, objects: list[Any]) -> list[Any]:
+        """``objects`` as they are: each is prepared on its own."""
         return objects  # each object is prepared on its own
 
     def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        """``precision.backward(loss)``; FSDP2's hooks reduce-scatter the gradients during it."""
         precision.backward(loss, **kwargs)
 
     # -- gradient synchronisation ------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """No gradient reduction in the backwards inside (``set_requires_gradient_sync(False)``)."""
         with self._gradient_sync(model, False):
             yield
 
     @contextlib.contextmanager
     def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Turn FSDP2's gradient reduction on for the backward inside, even within ``no_sync``."""
         with self._gradient_sync(model, True):
             yield
 

@@ -25,6 +25,8 @@ from overdrive.transforms.pipeline.schedule import PipelineRuntime
 
 
 class PipelineStrategy:
+    """Pipeline parallel over the mesh's ``pp`` axis; a stage strategy wraps each stage (see the module)."""
+
     name = "pipeline"
     settings_type = PipelineStrategySettings
     engine_checkpoint = None
@@ -52,6 +54,7 @@ class PipelineStrategy:
 
     @property
     def distributed_type(self) -> DistributedType | None:
+        """The stage strategy's ``distributed_type``."""
         return self.stage_strategy.distributed_type
 
     # -- the model ---------------------------------------------------------------------------------
@@ -85,20 +88,24 @@ class PipelineStrategy:
         return self.stage_strategy.prepare_optimizer(optimizer, models)
 
     def prepare_together(self, objects: list[Any]) -> list[Any]:
+        """``objects`` as they are: each is prepared on its own."""
         return objects  # each object is prepared on its own
 
     # -- gradients ---------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        """``precision.backward(loss)``, for terms added outside the model (its forward ran the backward)."""
         # The pipelined model's forward already ran the backward of its loss (whose autograd node is then a
         # no-op); other terms added to the loss outside the model still back-propagate here.
         precision.backward(loss, **kwargs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Does nothing: the schedule reduces gradients at each step's end, which stays exact."""
         # torch's schedules reduce gradients at the end of every step; reducing a sum of steps again is
         # still exact (the reduction is linear), so accumulation needs no special case.
         return contextlib.nullcontext()
 
     def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context that does nothing (see :meth:`no_sync`)."""
         return contextlib.nullcontext()
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,

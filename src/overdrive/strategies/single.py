@@ -16,6 +16,9 @@ from overdrive.transforms.path import apply_model_path
 
 
 class SingleDeviceStrategy:
+    """One process (also the base of :class:`~overdrive.strategies.ddp.DDPStrategy`): the model path
+    without a data-parallel step; gradients need no synchronisation."""
+
     name = "single"
     settings_type: type = SingleSettings
     distributed_type = None
@@ -27,6 +30,8 @@ class SingleDeviceStrategy:
         self.settings = settings
 
     def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
+        """The model path (placement, precision hooks, fp8, tensor parallel, activation checkpointing,
+        compile), ending with :meth:`data_parallel` unless ``evaluation_mode``."""
         c = self.context
         return apply_model_path(model, c.mesh, c.transforms, device=c.device if device_placement else None,
                                 precision=c.precision, hooks=c.hooks, fp8_replaced=c.fp8_replaced,
@@ -37,23 +42,30 @@ class SingleDeviceStrategy:
         return model
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """``model`` itself: every transform of the model path works in place."""
         return model
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context that does nothing: one process has nothing to synchronise."""
         return contextlib.nullcontext()
 
     def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context that does nothing: one process has nothing to synchronise."""
         return contextlib.nullcontext()
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over ``parameters``: every gradient is whole in this process."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
+        """``optimizer`` as it is: the model path keeps the user's parameters."""
         return optimizer  # the wrapped model trains the user's own parameters
 
     def prepare_together(self, objects: list[Any]) -> list[Any]:
+        """``objects`` as they are: nothing is built from several objects at once."""
         return objects  # each object is prepared on its own
 
     def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        """``precision.backward(loss)`` (the loss scaler's backward under fp16)."""
         precision.backward(loss, **kwargs)

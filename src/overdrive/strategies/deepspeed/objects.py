@@ -33,6 +33,7 @@ class DummyOptim:
         self.kwargs = kwargs
 
     def values(self) -> dict[str, Any]:
+        """What fills the config's ``optimizer`` block: ``lr``, ``weight_decay`` and the keyword arguments."""
         return {"lr": self.lr, "weight_decay": self.weight_decay, **self.kwargs}
 
 

@@ -38,6 +38,9 @@ from overdrive.strategies.deepspeed.ds_config import engine_config
 
 
 class DeepSpeedStrategy:
+    """DeepSpeed ZeRO: the model, optimizer and scheduler become one engine that steps at the end of each
+    accumulation window (see the module)."""
+
     name = "deepspeed"
     settings_type = DeepSpeedSettings
     distributed_type = DistributedType.DEEPSPEED
@@ -159,15 +162,18 @@ class DeepSpeedStrategy:
                 set_accelerator(CPU_Accelerator())
 
     def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
+        """An engine for ``model`` alone (inference), or ``model`` if ``prepare_together`` built it."""
         if is_engine(model):
             return model
         engine, _, _ = self._build(model, None, None)  # prepare_model(model) on its own: an engine for inference
         return engine
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The user's module inside an engine (``model`` itself if it is not one)."""
         return model.module if is_engine(model) else model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
+        """``optimizer`` as it is: ``prepare_together`` already replaced it with the engine's."""
         return optimizer  # prepare_together already replaced it
 
     # -- the step ----------------------------------------------------------------------------------
@@ -189,9 +195,11 @@ class DeepSpeedStrategy:
             engine.step()
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Does nothing: the engine reduces only where the window ends (see :meth:`backward`)."""
         return contextlib.nullcontext()  # the engine reduces only where the window ends (see backward)
 
     def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context that does nothing: the engine is told in :meth:`backward` whether the window ends."""
         return contextlib.nullcontext()
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
