@@ -129,6 +129,8 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
     # -- accumulation state (the window owns it) ----------------------------------------------------
     @property
     def sync_gradients(self) -> bool:
+        """Whether this micro-batch ends the accumulation window, so gradients are synchronised and the
+        optimizer steps (set by ``accumulate``; Accelerate's name)."""
         return self.window.sync
 
     @sync_gradients.setter
@@ -137,6 +139,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (the accumulation window's length); settable, as in Accelerate."""
         return self.window.num_steps
 
     @gradient_accumulation_steps.setter
@@ -201,6 +204,10 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
                           device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Prepare one optimizer (what ``prepare`` does for it): pointed at the parameters the prepared
+        models train, wrapped in an ``AcceleratedOptimizer`` that steps only at the end of a window.
+        Preparing the same optimizer twice returns the first wrapper. ``device_placement`` is accepted
+        for Accelerate's signature and unused."""
         for existing in self.prepared.optimizers:  # prepared before: the same wrapper, registered (and saved) once
             if existing is optimizer or existing.optimizer is optimizer:
                 return existing
@@ -219,6 +226,8 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Prepare one scheduler (what ``prepare`` does for it): an ``AcceleratedScheduler`` that steps with
+        the prepared optimizers it belongs to (all of them if none is its own)."""
         optimizers = self.prepared.optimizers
         mine = [opt for opt in optimizers if opt.optimizer is scheduler.optimizer or opt is scheduler.optimizer]
         prepared = AcceleratedScheduler(
@@ -229,6 +238,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
 
     def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None,
                             slice_fn_for_dispatch: Callable | None = None) -> DataLoader:
+        """Prepare one data loader (what ``prepare`` does for it): sharded over the data-parallel ranks (or
+        dispatched from rank 0), batches moved to the device (unless ``device_placement=False``), as the
+        ``dataloader_config`` says. ``slice_fn_for_dispatch`` cuts a dispatched batch (Accelerate's)."""
         from overdrive.data import prepare_data_loader
 
         config = self.dataloader_config
@@ -307,6 +319,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
         return self.strategy.clip_grad_norm_(list(parameters), max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clamp each gradient of ``parameters`` to ``[-clip_value, clip_value]`` (unscaled first)."""
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
