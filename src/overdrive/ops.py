@@ -7,7 +7,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,12 @@ def honor_type(obj: Any, generator: Any) -> Any:
     return type(obj)(generator)
 
 
+def honor_mapping(obj: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """A mapping of ``obj``'s type (``dict``, ``OrderedDict``, ``BatchEncoding``...) holding ``items``."""
+    # the abstract Mapping declares no constructor; every concrete mapping met here takes a dict
+    return cast("Callable[[dict[Any, Any]], Any]", type(obj))(items)
+
+
 def recursively_apply(func: Callable, data: Any, *args: Any, test_type: Callable[[Any], bool] = is_torch_tensor,
                       error_on_other_type: bool = False, **kwargs: Any) -> Any:
     """Apply ``func`` to every leaf of ``data`` that passes ``test_type``, keeping the structure."""
@@ -35,9 +41,9 @@ def recursively_apply(func: Callable, data: Any, *args: Any, test_type: Callable
                                                    error_on_other_type=error_on_other_type, **kwargs)
                                  for o in data))
     if isinstance(data, Mapping):
-        return type(data)({k: recursively_apply(func, v, *args, test_type=test_type,
-                                                error_on_other_type=error_on_other_type, **kwargs)
-                           for k, v in data.items()})
+        return honor_mapping(data, {k: recursively_apply(func, v, *args, test_type=test_type,
+                                                         error_on_other_type=error_on_other_type, **kwargs)
+                                    for k, v in data.items()})
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
@@ -55,8 +61,8 @@ def send_to_device(data: Any, device: torch.device | str | int, non_blocking: bo
         return honor_type(data, (send_to_device(t, device, non_blocking, skip_keys) for t in data))
     if isinstance(data, Mapping):
         skip = skip_keys or []
-        return type(data)({k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys)
-                           for k, v in data.items()})
+        return honor_mapping(data, {k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys)
+                                    for k, v in data.items()})
     if isinstance(data, torch.Tensor):
         return data.to(device, non_blocking=non_blocking)
     if hasattr(data, "to") and callable(data.to):
@@ -190,7 +196,7 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, (tuple, list)):
         return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
     if isinstance(first, Mapping):
-        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first})
+        return honor_mapping(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"can only concatenate tensors (or nested lists, tuples and dicts of them), "
                         f"got {type(first).__name__}")

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from overdrive.data.loader import PreparedLoaderMixin, _distributed, with_last_flag
 from overdrive.data.sampler import DispatchBatchSampler, IterableDatasetShard, _check_index
-from overdrive.ops import honor_type
+from overdrive.ops import honor_mapping, honor_type
 from overdrive.state import GradientState
 
 
@@ -50,7 +50,7 @@ def slice_batch(data: Any, tensor_slice: slice, process_index: int | None = None
     if _is_leaf_sequence(data):
         return data[tensor_slice]
     if isinstance(data, Mapping):
-        return type(data)({key: slice_batch(value, tensor_slice) for key, value in data.items()})
+        return honor_mapping(data, {key: slice_batch(value, tensor_slice) for key, value in data.items()})
     if isinstance(data, (list, tuple)):
         return honor_type(data, (slice_batch(item, tensor_slice) for item in data))
     return data
@@ -75,19 +75,20 @@ def _pack(data: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
         tensors.append(data)
         return slot
     if isinstance(data, Mapping):
-        return type(data)({key: _pack(value, tensors, offset) for key, value in data.items()})
+        return honor_mapping(data, {key: _pack(value, tensors, offset) for key, value in data.items()})
     if isinstance(data, (list, tuple)):
         return honor_type(data, (_pack(item, tensors, offset) for item in data))
     return data
 
 
-def _unpack(data: Any, buffer: torch.Tensor) -> Any:
+def _unpack(data: Any, buffer: torch.Tensor | None) -> Any:
     if isinstance(data, _Slot):
+        assert buffer is not None  # a step holding a tensor has a byte buffer (size > 0)
         # clone: a fresh, aligned storage per tensor, and no view keeping the whole step buffer alive
         raw = buffer[data.offset:data.offset + data.nbytes].clone()
         return raw.view(data.dtype).reshape(data.shape)
     if isinstance(data, Mapping):
-        return type(data)({key: _unpack(value, buffer) for key, value in data.items()})
+        return honor_mapping(data, {key: _unpack(value, buffer) for key, value in data.items()})
     if isinstance(data, (list, tuple)):
         return honor_type(data, (_unpack(item, buffer) for item in data))
     return data
@@ -206,20 +207,20 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         while True:
             parts, buffers, header = (self._next_message(steps, dp_of_rank, device) if steps is not None
                                       else (None, None, None))
-            box = [header]
+            box: list[Any] = [header]
             dist.broadcast_object_list(box, src=0)
-            header = box[0]
-            size = header["size"]
+            message: dict[str, Any] = box[0]  # rank 0's header, on every rank
+            size = message["size"]
             received = None
             if size:
                 received = torch.empty(size, dtype=torch.uint8, device=device)
                 dist.scatter(received, buffers, src=0)
             me = self.process_index
-            if header["skeletons"][me] is None:
+            if message["skeletons"][me] is None:
                 return
-            part = parts[me] if parts is not None else _unpack(header["skeletons"][me], received)
-            yield self._place(part), header["last"][me]
-            if header["final"]:
+            part = parts[me] if parts is not None else _unpack(message["skeletons"][me], received)
+            yield self._place(part), message["last"][me]
+            if message["final"]:
                 return
 
     def _next_message(self, steps: Iterator[tuple[list[Any], list[Any] | None]], dp_of_rank: list[int],

@@ -278,9 +278,10 @@ class PreparedLoaderMixin:
         raise NotImplementedError
 
     def _place(self, batch: Any) -> Any:
-        if not self._moves_batches:
+        device = self.device
+        if device is None or not self._moves_batches:
             return batch
-        return send_to_device(batch, self.device, non_blocking=self.non_blocking)
+        return send_to_device(batch, device, non_blocking=self.non_blocking)
 
     def _begin(self) -> int:
         if self._iterated and not self._epoch_set:
@@ -364,7 +365,8 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
     def _batches(self, skip: int) -> Iterator[tuple[Any, bool]]:
         return with_last_flag(self._place(batch) for batch in self._raw_batches(skip))
 
-    def __iter__(self) -> Iterator[Any]:
+    # DataLoader annotates __iter__ with its own iterator class; a prepared loader yields from a generator
+    def __iter__(self) -> Iterator[Any]:  # pyright: ignore[reportIncompatibleMethodOverride]
         # The mixin's bookkeeping in one generator, over DataLoader's own iterator: the hot path of every
         # training loop, so one generator frame per batch and no call where a batch needs no move.
         skip = self._begin()
@@ -397,7 +399,8 @@ class SkipDataLoader(DataLoader):
         super().__init__(dataset, **dataloader_kwargs)
         self.skip_batches = skip_batches
 
-    def __iter__(self) -> Iterator[Any]:
+    # DataLoader annotates __iter__ with its own iterator class; this one yields from a generator
+    def __iter__(self) -> Iterator[Any]:  # pyright: ignore[reportIncompatibleMethodOverride]
         yield from itertools.islice(super().__iter__(), self.skip_batches, None)
 
     def __len__(self) -> int:

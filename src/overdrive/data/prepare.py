@@ -109,6 +109,8 @@ def prepare_data_loader(
         shard = IterableDatasetShard(dataset, batch_size, drop_last, num_processes, process_index, split_batches,
                                      even_batches)
         return DataLoaderShard(shard, batch_size=shard.per_process_batch_size, drop_last=drop_last, **common)
+    # a DataLoader with a batch size builds a batch sampler; with neither it was refused above
+    assert dataloader.batch_sampler is not None
     batch_sampler = seedable_batch_sampler(dataloader.batch_sampler, data_seed)
     if dispatch:
         rounds = BatchSamplerShard(batch_sampler, num_processes, 0, split_batches, even_batches)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -131,8 +131,9 @@ class BatchSamplerShard(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the wrapped batch sampler or its sampler, whichever takes one."""
         for target in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
+            set_epoch = getattr(target, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(epoch)
                 return
 
     def _last_batch_size(self) -> int | None:
@@ -145,7 +146,7 @@ class BatchSamplerShard(Sampler[list[int]]):
     def num_steps(self, process_index: int | None = None) -> int:
         """Batches process ``process_index`` (default: this one) yields per epoch."""
         index = self.process_index if process_index is None else process_index
-        return batches_per_process(len(self.batch_sampler), self.num_processes, index, self.split_batches,
+        return batches_per_process(_length(self.batch_sampler, "batch sampler"), self.num_processes, index, self.split_batches,
                                    self.drop_last, self.even_batches, self._last_batch_size(), self.batch_size)
 
     def __len__(self) -> int:
@@ -165,8 +166,10 @@ class BatchSamplerShard(Sampler[list[int]]):
         """This process's batches of the epoch, cut from the epoch's index order in one go (C-level slices):
         the same batches as ``_own_batches``, without walking the other processes' batches one by one."""
         n, size, me = self.num_processes, self.batch_size, self.process_index
-        assert size is not None  # a torch BatchSampler has one
-        order = list(self.batch_sampler.sampler)
+        batch_sampler = self.batch_sampler
+        # __iter__ comes here only for torch's own BatchSampler (_plain_batches), which has a batch size
+        assert isinstance(batch_sampler, BatchSampler) and size is not None
+        order = list(batch_sampler.sampler)
         whole = len(order) // (size * n) * size * n  # the samples of the complete rounds
         mine = [order[start:start + size] for start in range(me * size, whole, size * n)]
         rest = order[whole:]
@@ -177,8 +180,9 @@ class BatchSamplerShard(Sampler[list[int]]):
             if group:
                 first = [order[i:i + size] for i in range(0, min(n * size, len(order)), size)]
                 for parts in self._last_whole_round(group, first):
-                    if parts[me] is not None:
-                        mine.append(parts[me])
+                    part = parts[me]
+                    if part is not None:
+                        mine.append(part)
         return mine[self.skip_batches:]
 
     def _own_batches(self) -> Iterator[list[int]]:
@@ -190,11 +194,11 @@ class BatchSamplerShard(Sampler[list[int]]):
             if step >= skip:
                 yield part
 
-    def rounds(self) -> Iterator[list[list[int] | None]]:
+    def rounds(self) -> Iterator[Sequence[list[int] | None]]:
         """Every step of the epoch as the list of each process's batch (``None``: no batch)."""
         return self._split_rounds() if self.split_batches else self._whole_rounds()
 
-    def _whole_rounds(self) -> Iterator[list[list[int] | None]]:
+    def _whole_rounds(self) -> Iterator[Sequence[list[int] | None]]:
         n = self.num_processes
         first: list[list[int]] = []  # the epoch's first batches: the source of wrap-around samples
         group: list[list[int]] = []
@@ -210,7 +214,7 @@ class BatchSamplerShard(Sampler[list[int]]):
             yield from self._last_whole_round(group, first)
 
     def _last_whole_round(self, group: list[list[int]],
-                          first: list[list[int]]) -> Iterator[list[list[int] | None]]:
+                          first: list[list[int]]) -> Iterator[Sequence[list[int] | None]]:
         n, size = self.num_processes, self.batch_size
         if n == 1 or (len(group) == n and (size is None or len(group[-1]) == size)):
             yield group
@@ -225,7 +229,7 @@ class BatchSamplerShard(Sampler[list[int]]):
             samples += _wrap([index for batch in first for index in batch], n * size - len(samples))
             yield [samples[p * size:(p + 1) * size] for p in range(n)]
 
-    def _split_rounds(self) -> Iterator[list[list[int] | None]]:
+    def _split_rounds(self) -> Iterator[Sequence[list[int] | None]]:
         n, size = self.num_processes, self.batch_size
         assert size is not None  # checked in __init__
         per = size // n
@@ -249,6 +253,14 @@ def _plain_batches(batch_sampler: Any) -> bool:
         RandomSampler, SequentialSampler, SeedableRandomSampler)
 
 
+def _length(items: object, what: str) -> int:
+    """``len(items)``; a TypeError naming ``items`` (a ``what``) when it has no ``__len__``."""
+    if not isinstance(items, Sized):
+        raise TypeError(f"the {what} {type(items).__name__} has no __len__, so the number of batches per "
+                        "process is unknown; give it a __len__ or iterate without len()")
+    return len(items)
+
+
 def _wrap(pool: list[Any], count: int) -> list[Any]:
     """``count`` items taken from ``pool`` cyclically, from its start."""
     return [pool[k % len(pool)] for k in range(count)] if count > 0 else []
@@ -269,7 +281,7 @@ class SkipBatchSampler(Sampler[list[int]]):
                 yield batch
 
     def __len__(self) -> int:
-        return max(len(self.batch_sampler) - self.skip_batches, 0)
+        return max(_length(self.batch_sampler, "batch sampler") - self.skip_batches, 0)
 
 
 class DispatchBatchSampler(Sampler[list[int]]):
@@ -352,8 +364,9 @@ class IterableDatasetShard(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Record ``epoch`` and pass it on to the dataset if it takes one (e.g. to reshuffle)."""
         self.epoch = epoch
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
 
     def _pad(self) -> bool:
         return self.even_batches and self.num_processes > 1
@@ -362,7 +375,7 @@ class IterableDatasetShard(IterableDataset):
         """Batches a process yields per epoch (needs a dataset with ``len``)."""
         index = self.process_index if process_index is None else process_index
         total, per = self.total_batch_size, self.per_process_batch_size
-        full, rest = divmod(len(self.dataset), total)  # type: ignore[arg-type]
+        full, rest = divmod(_length(self.dataset, "dataset"), total)
         if self.drop_last or rest == 0:
             return full
         return full + (1 if self._pad() or rest > index * per else 0)
@@ -370,7 +383,7 @@ class IterableDatasetShard(IterableDataset):
     def __len__(self) -> int:
         """Samples this process yields per epoch (needs a dataset with ``len``)."""
         total, per = self.total_batch_size, self.per_process_batch_size
-        full, rest = divmod(len(self.dataset), total)  # type: ignore[arg-type]
+        full, rest = divmod(_length(self.dataset, "dataset"), total)
         if self.drop_last or rest == 0:
             return full * per
         tail = per if self._pad() else min(max(rest - self.process_index * per, 0), per)
@@ -388,7 +401,7 @@ class DispatchedIterable(IterableDatasetShard):
 
     def __len__(self) -> int:
         total = self.total_batch_size
-        full, rest = divmod(len(self.dataset), total)  # type: ignore[arg-type]
+        full, rest = divmod(_length(self.dataset, "dataset"), total)
         if self.drop_last or rest == 0:
             return full * total
         return full * total + (total if self._pad() else rest)
