@@ -38,27 +38,46 @@ class Attention(nn.Module):
         return self.o(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
 
+NORMS = {"layer": nn.LayerNorm, "rms": nn.RMSNorm}
+
+
 class Block(nn.Module):
-    def __init__(self, dim: int, n_heads: int) -> None:
+    """Pre-norm attention then MLP: GELU (``up``, ``down``), or SwiGLU (``gate``, ``up``, ``down``) when ``gated``."""
+
+    def __init__(self, dim: int, n_heads: int, ffn: int, norm: str = "layer", bias: bool = True,
+                 gated: bool = False) -> None:
         super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.norm1, self.norm2 = NORMS[norm](dim), NORMS[norm](dim)
         self.attn = Attention(dim, n_heads)
-        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gate = nn.Linear(dim, ffn, bias=bias) if gated else None
+        self.up, self.down = nn.Linear(dim, ffn, bias=bias), nn.Linear(ffn, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h) if self.gate is not None else F.gelu(self.up(h)))
 
 
 class TinyLM(nn.Module):
-    def __init__(self, vocab: int = 128, dim: int = 64, n_heads: int = 4, layers: int = 2, seq: int = 64) -> None:
-        super().__init__()
-        self.embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
-        self.layers = nn.ModuleList(Block(dim, n_heads) for _ in range(layers))
-        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+    """The example's model; the switches build the GPU scripts' variants too (scripts/gpu_check.py: SwiGLU
+    and explicit positions; scripts/gpu_throughput.py: RMSNorm, no biases, no learned positions).
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+    ``seq``: learned positions (0: none); ``ffn``: the MLP's width (default ``4 * dim``); ``norm``: "layer"
+    or "rms"; ``bias``: biases in the MLP; ``gated``: a SwiGLU MLP in place of GELU.
+    """
+
+    def __init__(self, vocab: int = 128, dim: int = 64, n_heads: int = 4, layers: int = 2, seq: int = 64,
+                 ffn: int | None = None, norm: str = "layer", bias: bool = True, gated: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(seq, dim) if seq else None
+        self.layers = nn.ModuleList(Block(dim, n_heads, ffn or 4 * dim, norm, bias, gated) for _ in range(layers))
+        self.norm, self.head = NORMS[norm](dim), nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(ids)
+        if self.pos is not None:  # positions given when the sequence is split (context parallel)
+            x = x + self.pos(position_ids if position_ids is not None else torch.arange(ids.shape[1], device=ids.device))
         for layer in self.layers:
             x = layer(x)
         return self.head(self.norm(x))

@@ -17,68 +17,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 import traceback
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_throughput import add_arguments  # noqa: E402  (the throughput table lives beside this script)
+from gpu_throughput import add_arguments, free_port, start_worker  # noqa: E402  (beside this script)
 
 VOCAB, DIM, HEADS, LAYERS = 256, 128, 8, 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def build_model(seed: int = 0) -> Any:
+    """examples/tiny_lm.py's model with a SwiGLU MLP and positions passed in (context parallel splits them)."""
     import torch
-    import torch.nn.functional as F
-    from torch import nn
 
-    class Attention(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n_heads, self.head_dim = HEADS, DIM // HEADS
-            self.q, self.k, self.v, self.o = (nn.Linear(DIM, DIM, bias=False) for _ in range(4))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, s = x.shape[:2]
-            q, k, v = (p(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.o(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-            self.attn = Attention()
-            self.gate, self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x = x + self.attn(self.norm1(x))
-            h = self.norm2(x)
-            return x + self.down(F.silu(self.gate(h)) * self.up(h))
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed, self.pos = nn.Embedding(VOCAB, DIM), nn.Embedding(1024, DIM)
-            self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
-            self.norm, self.head = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
-
-        def forward(self, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-            x = self.embed(ids) + self.pos(position_ids)
-            for layer in self.layers:
-                x = layer(x)
-            return self.head(self.norm(x))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    from tiny_lm import TinyLM
 
     torch.manual_seed(seed)
-    return Model()
+    return TinyLM(vocab=VOCAB, dim=DIM, n_heads=HEADS, layers=LAYERS, seq=1024, gated=True)
 
 
 def batches(steps: int, batch: int, seq: int) -> list[Any]:
@@ -202,7 +160,7 @@ def _one_device_cp_mesh(device: Any) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group(dist.get_default_backend_for_device(device), rank=0, world_size=1)
     return init_device_mesh(device.type, (1,), mesh_dim_names=("cp",))
 
@@ -214,14 +172,9 @@ def _rss() -> int:
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    start_worker(rank, world, port, args.cpu)
     import torch
 
-    if args.cpu:
-        torch.set_num_threads(1)
-    else:
-        torch.cuda.set_device(rank)
     device = torch.device("cpu") if args.cpu else torch.device("cuda", rank)
     expected = reference(args, device)
     failed = False
@@ -275,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     # fp32 everywhere; on CUDA the reductions are ordered differently across layouts (and TF32 may be on)
     args.tolerance = args.tolerance or (1e-5 if args.cpu else 2e-3)
     try:
-        mp.spawn(worker, args=(world, _free_port(), args), nprocs=world, join=True)
+        mp.spawn(worker, args=(world, free_port(), args), nprocs=world, join=True)
     except Exception:  # noqa: BLE001 - a rank failed (its traceback is printed above)
         return 1
     # big-model dispatch over every GPU, the CPU and the disk (scripts/gpu_check_big_model.py)

@@ -29,53 +29,17 @@ SIZES = {  # ~0.95e9 parameters; the tiny one keeps every dimension divisible by
 
 
 def build_model(size: dict[str, int]) -> Any:
+    """examples/tiny_lm.py's model as Llama builds its blocks: RMSNorm, SwiGLU, no biases, no learned positions."""
+    import sys
+
     import torch
-    import torch.nn.functional as F
-    from torch import nn
 
-    dim, heads = size["dim"], size["heads"]
-
-    class Attention(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n_heads, self.head_dim = heads, dim // heads  # tensor parallel divides n_heads
-            self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, s = x.shape[:2]
-            q, k, v = (p(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.o(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm1, self.norm2 = nn.RMSNorm(dim), nn.RMSNorm(dim)
-            self.attn = Attention()
-            ffn = size["ffn"]
-            self.gate, self.up, self.down = nn.Linear(dim, ffn, bias=False), nn.Linear(dim, ffn, bias=False), \
-                nn.Linear(ffn, dim, bias=False)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x = x + self.attn(self.norm1(x))
-            h = self.norm2(x)
-            return x + self.down(F.silu(self.gate(h)) * self.up(h))
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(size["vocab"], dim)
-            self.layers = nn.ModuleList(Block() for _ in range(size["layers"]))
-            self.norm, self.head = nn.RMSNorm(dim), nn.Linear(dim, size["vocab"], bias=False)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            x = self.embed(ids)
-            for layer in self.layers:
-                x = layer(x)
-            return self.head(self.norm(x))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    from tiny_lm import TinyLM
 
     torch.manual_seed(0)
-    return Model()
+    return TinyLM(vocab=size["vocab"], dim=size["dim"], n_heads=size["heads"], layers=size["layers"], seq=0,
+                  ffn=size["ffn"], norm="rms", bias=False, gated=True)
 
 
 def fp8_filter(model: Any) -> Any:
@@ -96,7 +60,7 @@ def prepare_plain(model: Any, precision: str, tp: int, sharded: bool, device: An
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    world = torch.distributed.get_world_size()
+    world = int(os.environ["WORLD_SIZE"])  # one process: overdrive starts no process group, init_device_mesh does
     model.to(device)
     if precision == "fp8":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -246,15 +210,30 @@ def throughput_table(world: int, rank: int, args: argparse.Namespace) -> bool:
     return ok
 
 
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+def free_port() -> int:
+    """A free local port for the rendezvous of the spawned processes."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_worker(rank: int, world: int, port: int, cpu: bool) -> None:
+    """Give a spawned process torchrun's variables (the Accelerator starts the process group from them) and
+    its device: one thread on the CPU, GPU ``rank`` otherwise."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
 
-    if args.cpu:
+    if cpu:
         torch.set_num_threads(1)
     else:
         torch.cuda.set_device(rank)
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+    start_worker(rank, world, port, args.cpu)
     if not throughput_table(world, rank, args):
         raise SystemExit(1)
 
@@ -265,7 +244,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import socket
     import sys
 
     import torch
@@ -280,11 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run with --cpu to check the logic on CPU processes", file=sys.stderr)
         return 2
     world = args.world or (2 if args.cpu else torch.cuda.device_count())
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     try:
-        mp.spawn(_worker, args=(world, port, args), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), args), nprocs=world, join=True)
     except Exception:  # noqa: BLE001 - a rank failed (its traceback is printed above)
         return 1
     return 0
