@@ -23,7 +23,13 @@ import traceback
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_throughput import add_arguments, free_port, start_worker  # noqa: E402  (beside this script)
+from gpu_throughput import (  # noqa: E402  (beside this script)
+    add_arguments,
+    add_process_arguments,
+    free_port,
+    process_count,
+    start_worker,
+)
 
 VOCAB, DIM, HEADS, LAYERS = 256, 128, 8, 2
 
@@ -209,8 +215,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cpu", action="store_true", help="CPU processes over gloo (tests the script's logic)")
-    parser.add_argument("--world", type=int, default=None, help="processes (default: GPUs, or 2 with --cpu)")
+    add_process_arguments(parser)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
     parser.add_argument("--seq", type=int, default=64)
@@ -218,13 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-throughput", action="store_true", help="skip the ~1B-parameter throughput table")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    import torch
     import torch.multiprocessing as mp
 
-    if not args.cpu and not torch.cuda.is_available():
-        print("no CUDA device: run with --cpu to check the logic on CPU processes", file=sys.stderr)
+    world = process_count(args)
+    if world is None:
         return 2
-    world = args.world or (2 if args.cpu else torch.cuda.device_count())
     # fp32 everywhere; on CUDA the reductions are ordered differently across layouts (and TF32 may be on)
     args.tolerance = args.tolerance or (1e-5 if args.cpu else 2e-3)
     try:

@@ -238,26 +238,38 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cpu", action="store_true", help="CPU processes over gloo (tests the script's logic)")
+    parser.add_argument("--world", type=int, default=None, help="processes (default: GPUs, or 2 with --cpu)")
+
+
+def process_count(args: argparse.Namespace) -> int | None:
+    """``--world``, else one process per GPU (2 with ``--cpu``); None, after saying why, without a GPU."""
+    import sys
+
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("no CUDA device: run with --cpu to check the logic on CPU processes", file=sys.stderr)
+        return None
+    return args.world or (2 if args.cpu else torch.cuda.device_count())
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=sorted(SIZES), help="model size (default: 1b on GPUs, tiny with --cpu)")
     parser.add_argument("--throughput-steps", type=int, default=8, help="timed steps per throughput row")
 
 
 def main(argv: list[str] | None = None) -> int:
-    import sys
-
-    import torch
     import torch.multiprocessing as mp
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cpu", action="store_true")
-    parser.add_argument("--world", type=int, default=None)
+    add_process_arguments(parser)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    if not args.cpu and not torch.cuda.is_available():
-        print("no CUDA device: run with --cpu to check the logic on CPU processes", file=sys.stderr)
+    world = process_count(args)
+    if world is None:
         return 2
-    world = args.world or (2 if args.cpu else torch.cuda.device_count())
     try:
         mp.spawn(_worker, args=(world, free_port(), args), nprocs=world, join=True)
     except Exception:  # noqa: BLE001 - a rank failed (its traceback is printed above)
