@@ -183,14 +183,13 @@ def test_no_import_cycles() -> None:
 
 
 def test_importing_data_does_not_load_the_resolver() -> None:
-    """The data loaders need the process's place (``PartialState``, which resolves only that step,
-    ``resolve.process``), never the training resolver nor what it pulls in."""
+    """The data loaders read the process's state (``GradientState``, ``PartialState``), never the resolver:
+    ``PartialState`` loads ``resolve.process`` only when it first resolves the process, not at import."""
     import subprocess
     import sys
 
     code = ("import sys, overdrive.data; "
-            "print(sorted(m for m in sys.modules if m.startswith(('overdrive.resolve.training', "
-            "'overdrive.resolve.deepspeed', 'overdrive.strategies', 'overdrive.transforms', 'overdrive.tracking', "
+            "print(sorted(m for m in sys.modules if m.startswith(('overdrive.resolve', 'overdrive.strategies', 'overdrive.transforms', 'overdrive.tracking', "
             "'overdrive.accelerator', 'overdrive.checkpoint'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -119,7 +119,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
         self.fp8_replaced: dict[int, Any] = {}
         context = StrategyContext(device=self.device, mesh=self.mesh, precision=self.precision,
                                   transforms=self.plan.transforms, hooks=self.hooks, window=self.window,
-                                  fp8_replaced=self.fp8_replaced)
+                                  fp8_replaced=self.fp8_replaced, plugin_selection=self.state.deepspeed_selection)
         self.strategy: Strategy = create_strategy(self.plan.strategy, context, self.plan.strategy_settings)
         self.scaler = self.precision.scaler
         #: what prepare() returned and register_for_checkpointing() added, in order

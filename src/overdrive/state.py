@@ -10,15 +10,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from overdrive.accumulation import AccumulationWindow
 from overdrive.config import DistributedType, InitProcessGroupKwargs
-from overdrive.resolve import ProcessPlan, resolve_process
+
+if TYPE_CHECKING:
+    from overdrive.resolve.process import ProcessPlan
 
 
 class PartialState:
@@ -36,6 +38,9 @@ class PartialState:
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = self._shared
         if "plan" not in self.__dict__:
+            # imported here: code that only reads the state (the data loaders) never loads the resolver
+            from overdrive.resolve.process import resolve_process
+
             init_kwargs = kwargs.pop("init_kwargs", None) or InitProcessGroupKwargs(**kwargs)
             self.plan: ProcessPlan = resolve_process(cpu=cpu, init_kwargs=init_kwargs)
             self.plan.start()
@@ -229,6 +234,20 @@ def _split(inputs: Any, parts: int, index: int, apply_padding: bool) -> Any:
     return share
 
 
+class PluginSelection:
+    """Which of a run's named plugins (DeepSpeed's) the next ``prepare()`` uses: the first until
+    ``AcceleratorState.select_deepspeed_plugin`` chooses another. Runtime state, so the plan stays frozen."""
+
+    def __init__(self, plugins: Mapping[str, Any]) -> None:
+        self.plugins = plugins
+        self.name: str = next(iter(plugins))
+
+    @property
+    def plugin(self) -> Any:
+        """The selected plugin."""
+        return self.plugins[self.name]
+
+
 class AcceleratorState(PartialState):
     """The process state plus the training settings of an ``Accelerator``.
 
@@ -243,6 +262,8 @@ class AcceleratorState(PartialState):
     def adopt(self, training: Any) -> None:
         """Answer for ``training`` (an Accelerator's plan) from now on; make it the process's newest."""
         self._shared["training"] = training
+        settings = getattr(training, "deepspeed", None)
+        self._shared["deepspeed_selection"] = PluginSelection(settings.plugins) if settings is not None else None
         # an own view of the shared process state: a later Accelerator replaces the shared plan, not this one
         self.__dict__ = dict(self._shared)
 
@@ -260,15 +281,21 @@ class AcceleratorState(PartialState):
 
     @property
     def deepspeed_plugins(self) -> dict[str, Any] | None:
-        """The DeepSpeed plugins by name (one plugin given alone is ``"default"``), or None."""
+        """The DeepSpeed plugins by name (one plugin given alone is ``"default"``), or None. They are the
+        plan's copies of the plugins given: the user's objects are never changed."""
         settings = getattr(self.__dict__.get("training"), "deepspeed", None)
-        return settings.plugins if settings is not None else None
+        return dict(settings.plugins) if settings is not None else None
+
+    @property
+    def deepspeed_selection(self) -> PluginSelection | None:
+        """Which DeepSpeed plugin the next ``prepare()`` uses (runtime state, beside the frozen plan)."""
+        return self.__dict__.get("deepspeed_selection")
 
     @property
     def deepspeed_plugin(self) -> Any:
         """The selected DeepSpeed plugin: the one the next ``prepare()`` builds an engine with."""
-        settings = getattr(self.__dict__.get("training"), "deepspeed", None)
-        return settings.selected() if settings is not None else None
+        selection = self.deepspeed_selection
+        return selection.plugin if selection is not None else None
 
     def get_deepspeed_plugin(self, name: str) -> Any:
         """The DeepSpeed plugin called ``name``; a ``ValueError`` lists the valid names if there is none."""
@@ -283,9 +310,9 @@ class AcceleratorState(PartialState):
             teacher = accelerator.prepare(teacher)
         """
         plugins = self._deepspeed_plugins_or_error(name)
-        name = next(iter(plugins)) if name is None else name
-        for key, plugin in plugins.items():
-            plugin.selected = key == name
+        selection = self.deepspeed_selection
+        assert selection is not None  # a run with plugins has a selection (adopt)
+        selection.name = next(iter(plugins)) if name is None else name
 
     def _deepspeed_plugins_or_error(self, name: str | None) -> dict[str, Any]:
         plugins = self.deepspeed_plugins

@@ -112,16 +112,49 @@ def test_accelerator_takes_precision_and_accumulation_from_the_config():
     acc = Accelerator(deepspeed_plugins=plugins)
     assert acc.distributed_type == DistributedType.DEEPSPEED and acc.strategy.name == "deepspeed"
     assert acc.mixed_precision == "bf16" and acc.gradient_accumulation_steps == 3 and acc.scaler is None
-    assert acc.state.deepspeed_plugin is plugins["student"] and acc.deepspeed_plugin is plugins["student"]
+    student, teacher = acc.state.get_deepspeed_plugin("student"), acc.state.get_deepspeed_plugin("teacher")
+    assert acc.state.deepspeed_plugin is student and acc.deepspeed_plugin is student
+    assert student.get_value("bf16.enabled") is True and teacher.zero_stage_in_use == 3
     acc.state.select_deepspeed_plugin("teacher")
-    assert acc.state.deepspeed_plugin is plugins["teacher"] and acc.state.get_deepspeed_plugin("student").selected is False
+    assert acc.state.deepspeed_plugin is teacher and acc.deepspeed_plugin is teacher
     with pytest.raises(ValueError, match=r"no DeepSpeed plugin is called 'techer'; the plugins are \['student', 'teacher'\]"):
         acc.state.select_deepspeed_plugin("techer")
     from overdrive.utils import DummyOptim, DummyScheduler, get_active_deepspeed_plugin
 
-    assert get_active_deepspeed_plugin(acc.state) is plugins["teacher"]
+    assert get_active_deepspeed_plugin(acc.state) is teacher
     assert DummyOptim([], lr=0.1).values() == {"lr": 0.1, "weight_decay": 0}
     assert DummyScheduler(None, total_num_steps=10).total_num_steps == 10
+    acc.free_memory()
+
+
+@needs_deepspeed
+def test_the_plan_copies_the_plugins_and_selection_leaves_them_untouched():
+    """The user's plugin objects are the same after Accelerator() and after selecting another plugin: the
+    plan holds copies (read-only), and which plugin is selected is runtime state of the Accelerator."""
+    import copy
+    import types
+
+    plugins = {"student": DeepSpeedPlugin(hf_ds_config={"bfloat16": {"enabled": True}}),
+               "teacher": DeepSpeedPlugin(zero_stage=3)}
+
+    def snapshot() -> dict:
+        return {name: (copy.deepcopy(p.deepspeed_config), p.selected) for name, p in plugins.items()}
+
+    before = snapshot()
+    acc = Accelerator(deepspeed_plugins=plugins)
+    assert snapshot() == before  # the resolver renames "bfloat16" to "bf16": in its copy only
+    assert "bfloat16" in plugins["student"].deepspeed_config
+    assert acc.mixed_precision == "bf16"
+    copies = acc.plan.deepspeed.plugins
+    assert isinstance(copies, types.MappingProxyType) and sorted(copies) == ["student", "teacher"]
+    assert all(copies[name] is not plugins[name] for name in plugins)
+    with pytest.raises(TypeError):
+        copies["other"] = DeepSpeedPlugin()  # type: ignore[index]
+    acc.state.select_deepspeed_plugin("teacher")
+    assert snapshot() == before and acc.deepspeed_plugin is copies["teacher"]
+    assert copies["teacher"].selected is False and copies["student"].selected is False  # no flag is flipped
+    acc.state.select_deepspeed_plugin()
+    assert acc.deepspeed_plugin is copies["student"] and snapshot() == before
     acc.free_memory()
 
 

@@ -275,13 +275,13 @@ def _two_plugins() -> dict[str, Any]:
                "teacher": DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3},
                                                         "train_micro_batch_size_per_gpu": "auto"})}
     acc = Accelerator(deepspeed_plugins=plugins)
-    selected = [acc.state.deepspeed_plugin is plugins["student"]]
+    selected = [acc.state.deepspeed_plugin is acc.state.get_deepspeed_plugin("student")]
     student, teacher = _model(1), _model(2)
     teacher_before = {k: v.clone() for k, v in teacher.state_dict().items()}
     student, opt, loader = acc.prepare(student, torch.optim.AdamW(student.parameters(), lr=1e-2),
                                        DataLoader(_dataset(), batch_size=4))
     acc.state.select_deepspeed_plugin("teacher")
-    selected.append(acc.deepspeed_plugin is plugins["teacher"])
+    selected.append(acc.deepspeed_plugin is acc.state.get_deepspeed_plugin("teacher"))
     teacher = acc.prepare(teacher)
     teacher.eval()
     losses = []

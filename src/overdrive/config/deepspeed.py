@@ -61,6 +61,8 @@ class DeepSpeedPlugin:
     enable_msamp: bool | None = None
     msamp_opt_level: str | None = None
     deepspeed_config: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    #: Accelerate's flag, kept for its name: overdrive never sets it (the selection is runtime state of the
+    #: Accelerator: ``accelerator.state.select_deepspeed_plugin(name)``, ``accelerator.state.deepspeed_plugin``)
     selected: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:

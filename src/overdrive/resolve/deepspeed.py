@@ -3,7 +3,10 @@ steps that fill their "auto" values, with every conflict against the Accelerator
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,19 +15,16 @@ from overdrive.config.deepspeed_json import _MISSING, AUTO, get_path
 
 @dataclass(frozen=True)
 class DeepSpeedSettings:
-    """What the resolver decided for a DeepSpeed run: the plugins by name (the selected one builds the next
-    engine), and the run's mixed precision and accumulation steps that fill their "auto" values."""
+    """What the resolver decided for a DeepSpeed run: the plugins by name (copies of those given, read-only;
+    which one builds the next engine is runtime state: ``AcceleratorState.select_deepspeed_plugin``), and the
+    run's mixed precision and accumulation steps that fill their "auto" values."""
 
-    plugins: dict[str, Any]
+    plugins: Mapping[str, Any]
     mixed_precision: str = "no"
     accumulation_steps: int = 1
     split_batches: bool = False
     #: this process's index on its machine (DeepSpeed reads it from LOCAL_RANK, which SLURM or MPI may not set)
     local_rank: int = 0
-
-    def selected(self) -> Any:
-        """The plugin the next ``prepare()`` builds an engine with (the first unless one was selected)."""
-        return next((p for p in self.plugins.values() if p.selected), next(iter(self.plugins.values())))
 
 
 def _precision_problems(config: dict[str, Any], asked: str | None, source: str) -> tuple[str | None, list[str]]:
@@ -106,10 +106,10 @@ def resolve_deepspeed(plugin: Any, plugins: Any, launched: dict[str, Any], *, mi
     if not _importable("deepspeed"):
         errors.append("DeepSpeed was asked for but the 'deepspeed' package cannot be imported; install it with: "
                       "pip install 'overdrive[deepspeed]' (or pip install deepspeed)")
-    for index, each in enumerate(named.values()):  # the first is selected, as in Accelerate
-        each.selected = index == 0
+    # the plan's own copies: settling and "auto" filling edit the config, the user's plugins stay as given
+    named = {name: copy.deepcopy(each) for name, each in named.items()}
     precision, steps = settle(named, mixed_precision, explicit_steps, errors)
-    return DeepSpeedSettings(plugins=named, mixed_precision=precision, accumulation_steps=steps,
+    return DeepSpeedSettings(plugins=types.MappingProxyType(named), mixed_precision=precision, accumulation_steps=steps,
                              split_batches=split_batches, local_rank=local_rank)
 
 

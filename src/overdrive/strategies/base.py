@@ -21,6 +21,7 @@ from overdrive.config import DistributedType
 if TYPE_CHECKING:
     from overdrive.accumulation import AccumulationWindow
     from overdrive.runtime.mesh import ParallelMesh
+    from overdrive.state import PluginSelection
     from overdrive.transforms.hooks import HookRegistry
     from overdrive.transforms.path import ModelTransforms
 
@@ -40,6 +41,9 @@ class StrategyContext:
     window: AccumulationWindow
     #: parameters fp8 conversion replaced (``id(old) -> (weakref(old), new)``), for ``prepare_optimizer``
     fp8_replaced: dict[int, Any] = field(default_factory=dict)
+    #: which of the plan's named plugins the next ``prepare()`` uses (DeepSpeed's), or None: runtime state
+    #: owned by the Accelerator's state, so the plan stays frozen
+    plugin_selection: PluginSelection | None = None
 
 
 class Strategy(Protocol):

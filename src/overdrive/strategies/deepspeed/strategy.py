@@ -113,7 +113,8 @@ class DeepSpeedStrategy:
         from overdrive.config.deepspeed import import_deepspeed
 
         deepspeed = import_deepspeed()
-        plugin = self.settings.selected()
+        selection = self.context.plugin_selection
+        plugin = selection.plugin if selection is not None else next(iter(self.settings.plugins.values()))
         problems: list[str] = []
         client_optimizer, parameters, optimizer_values = _optimizer_parts(plugin, optimizer, scheduler, problems)
         client_scheduler, scheduler_values = _scheduler_parts(plugin, scheduler, optimizer_values.get("lr"),
