@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from overdrive.config.compile import DYNAMO_BACKENDS, DYNAMO_MODES
+
 _TRUE = ("1", "true", "yes", "y", "on", "t")
 _FALSE = ("0", "false", "no", "n", "off", "f")
 
@@ -62,9 +64,6 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
-_DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi",
-                    "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torchxla_trace_once", "ipex", "tvm",
-                    "hpu_backend")
 _OFFLOAD = _choice("none", "cpu", "nvme")
 
 #: variable -> (section of the launch config or None for the top level, key, parser)
@@ -74,9 +73,9 @@ VARIABLES: dict[str, tuple[str | None, str, Callable[[str, str], Any]]] = {
     "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": (None, "gradient_accumulation_steps", _int(1)),
     "ACCELERATE_DEBUG_MODE": (None, "debug", _bool),
     "ACCELERATE_DOWNCAST_BF16": (None, "downcast_bf16", _bool),
-    "ACCELERATE_DYNAMO_BACKEND": ("dynamo_config", "dynamo_backend", _choice(*_DYNAMO_BACKENDS)),
+    "ACCELERATE_DYNAMO_BACKEND": ("dynamo_config", "dynamo_backend", _choice(*DYNAMO_BACKENDS)),
     "ACCELERATE_DYNAMO_MODE": ("dynamo_config", "dynamo_mode",
-                               _choice("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")),
+                               _choice(*DYNAMO_MODES)),
     "ACCELERATE_DYNAMO_USE_FULLGRAPH": ("dynamo_config", "dynamo_use_fullgraph", _bool),
     "ACCELERATE_DYNAMO_USE_DYNAMIC": ("dynamo_config", "dynamo_use_dynamic", _bool),
     "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": ("dynamo_config", "dynamo_use_regional_compilation", _bool),

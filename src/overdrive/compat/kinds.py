@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import enum
+from overdrive.config.compile import DynamoBackend
+from overdrive.config.enums import _StrEnum
 
-
-class _StrEnum(str, enum.Enum):
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def list(cls) -> list[str]:
-        return [member.value for member in cls]
+__all__ = ["ComputeEnvironment", "CustomDtype", "DynamoBackend", "SageMakerDistributedType"]
 
 
 class ComputeEnvironment(_StrEnum):
@@ -33,24 +27,3 @@ class CustomDtype(_StrEnum):
     FP8 = "fp8"
     INT4 = "int4"
     INT2 = "int2"
-
-
-class DynamoBackend(_StrEnum):
-    """``torch.compile`` backends by Accelerate's upper-case names (``DynamoBackend.INDUCTOR``)."""
-
-    NO = "NO"
-    EAGER = "EAGER"
-    AOT_EAGER = "AOT_EAGER"
-    INDUCTOR = "INDUCTOR"
-    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
-    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
-    CUDAGRAPHS = "CUDAGRAPHS"
-    OFI = "OFI"
-    FX2TRT = "FX2TRT"
-    ONNXRT = "ONNXRT"
-    TENSORRT = "TENSORRT"
-    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
-    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
-    IPEX = "IPEX"
-    TVM = "TVM"
-    HPU_BACKEND = "HPU_BACKEND"

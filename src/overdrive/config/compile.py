@@ -7,12 +7,35 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-#: torch.compile backends Accelerate names (``DynamoBackend``), lower case; "no" turns compilation off
-DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi",
-                   "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torhchxla_trace_once", "ipex", "tvm",
-                   "hpu_backend")
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+from overdrive.config.enums import _StrEnum
 
+
+class DynamoBackend(_StrEnum):
+    """``torch.compile`` backends by Accelerate's upper-case names (``DynamoBackend.INDUCTOR``); ``NO`` turns
+    compilation off. The one list of backend names: the plugin, the launch config, ``ACCELERATE_DYNAMO_BACKEND``
+    and ``overdrive launch --dynamo_backend`` all check against it."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    IPEX = "IPEX"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+
+
+#: the backend names in lower case, as ``torch.compile`` and the plugin take them; "no" turns compilation off
+DYNAMO_BACKENDS = tuple(member.value.lower() for member in DynamoBackend)
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass

@@ -8,8 +8,15 @@ from typing import Any
 
 
 class _StrEnum(str, enum.Enum):
+    """A string enum as Accelerate's (``str()`` is the value; ``list()`` the values)."""
+
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        """The values, as strings."""
+        return [member.value for member in cls]
 
 
 class DistributedType(_StrEnum):
@@ -34,11 +41,6 @@ class PrecisionType(_StrEnum):
     FP8 = "fp8"
     FP16 = "fp16"
     BF16 = "bf16"
-
-    @classmethod
-    def list(cls) -> list[str]:
-        """The values, as strings."""
-        return [member.value for member in cls]
 
 
 class RNGType(_StrEnum):

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# the one list of backend names (and modes); re-exported here for the CLI, which checks flags against them
+from overdrive.config.compile import DYNAMO_BACKENDS, DYNAMO_MODES
+
 CONFIG_FILE_VAR = "OVERDRIVE_CONFIG_FILE"
 DEFAULT_NAME = "default_config.yaml"
 
@@ -31,11 +34,7 @@ DISTRIBUTED_TYPES = (
 )
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE", "AMAZON_SAGEMAKER")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
-DYNAMO_BACKENDS = (
-    "no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi", "fx2trt",
-    "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torhchxla_trace_once", "ipex", "tvm", "hpu_backend",
-)
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
 
 
 class ConfigError(ValueError):
