@@ -49,7 +49,7 @@ def _safe_globals() -> list[Any]:
     import numpy as np
 
     names = []
-    core = getattr(np, "_core", None) or np.core
+    core: Any = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core to numpy._core
     for module, attr in ((core.multiarray, "_reconstruct"), (np, "ndarray"), (np, "dtype")):
         if hasattr(module, attr):
             names.append(getattr(module, attr))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,8 @@ def start(flat: dict[str, Any], writer: Any, planner: Any, group: Group, target:
     response = run_dcp(lambda: dcp.async_save(flat, storage_writer=writer, planner=planner, async_stager=_stager,
                                               process_group=background.pg, no_dist=not group.active),
                        writes=(temporary, needed))
-    upload = getattr(response, "upload_completion", response)
+    # torch < 2.7 returns the upload's future itself, later versions an AsyncSaveResponse holding it
+    upload: Future[Any] = response if isinstance(response, Future) else response.upload_completion
 
     def finish() -> None:
         try:

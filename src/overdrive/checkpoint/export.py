@@ -48,7 +48,7 @@ def get_state_dict(model: nn.Module, unwrap: bool = True, engine: Any = None) ->
         return model.state_dict()
     if engine is not None and engine.owns(model):
         return engine.full_state_dict(model)
-    gather = getattr(model, "gather_full_state_dict", None)
+    gather: Callable[[], dict[str, Any]] | None = getattr(model, "gather_full_state_dict", None)
     if callable(gather):  # a pipelined model: the other stages' weights live on other processes
         return gather()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -76,32 +76,14 @@ def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *
     if problems:
         raise CheckpointError(f"checkpoint {folder} is damaged:\n  " + "\n  ".join(problems))
 
-    error = None
+    error, reading = None, None
     try:
-        state = read_json(folder / STATE_FILE)
-        mine = folder / rank_file(group.rank)
-        ranked = read_json(mine) if mine.is_file() else None
-        models = list(run.objects.models)
-        for hook in run.objects.load_hooks.values():
-            hook(models, str(folder))  # a hook that loads a model itself pops it
-        engine = engine_of(run)
-        wanted = [i for i, model in enumerate(run.objects.models) if any(model is m for m in models)
-                  and not (engine is not None and engine.owns(model))]
-        reader = SafeFileSystemReader(folder, allow_pickle=allow_pickle)
-        plan = _Plan(reader.read_metadata(), folder, strict)
-        plan.problems += _count_problems(run, state)
-        plan.add_models(run, state, wanted)
-        plan.add_optimizers(run, state)
-        plan.add_references(state)
-        plan.raise_problems()
-        loader_states = [loader_state_for(decode(record), loader, i)
-                         for i, (record, loader) in enumerate(zip(state["dataloaders"], run.objects.dataloaders))]
-        # Everything is decoded before anything changes: a value refused here (a set without allow_pickle,
-        # a damaged record) leaves the run as it was. Tensors referred to are filled by the reads below.
-        decoded = plan.decode_objects(run, state, ranked, allow_pickle)
+        reading = _read_and_check(run, folder, group, strict, allow_pickle)
     except Exception as exc:  # noqa: BLE001 - reported on every rank
         error = exc
     group.check(error, f"load_state({str(folder)!r})")
+    assert reading is not None  # group.check raised the error otherwise
+    state, engine, reader, plan, loader_states, decoded = reading
     plan.raise_unexpected(group)
 
     # From here on, a failure on any rank puts back what was changed (the snapshot); the model and optimizer
@@ -134,6 +116,43 @@ def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *
         error = exc
     _check_or_restore(group, error, snapshot, f"load_state({str(folder)!r}) could not restore the training state")
     return str(folder)
+
+
+class _Reading(NamedTuple):
+    """What ``load_state`` reads and checks before it changes anything."""
+
+    state: dict[str, Any]
+    engine: Any
+    reader: SafeFileSystemReader
+    plan: _Plan
+    loader_states: list[dict[str, Any]]
+    decoded: dict[str, Any]
+
+
+def _read_and_check(run: TrainingState, folder: Path, group: Group, strict: bool,
+                    allow_pickle: bool) -> _Reading:
+    state = read_json(folder / STATE_FILE)
+    mine = folder / rank_file(group.rank)
+    ranked = read_json(mine) if mine.is_file() else None
+    models = list(run.objects.models)
+    for hook in run.objects.load_hooks.values():
+        hook(models, str(folder))  # a hook that loads a model itself pops it
+    engine = engine_of(run)
+    wanted = [i for i, model in enumerate(run.objects.models) if any(model is m for m in models)
+              and not (engine is not None and engine.owns(model))]
+    reader = SafeFileSystemReader(folder, allow_pickle=allow_pickle)
+    plan = _Plan(reader.read_metadata(), folder, strict)
+    plan.problems += _count_problems(run, state)
+    plan.add_models(run, state, wanted)
+    plan.add_optimizers(run, state)
+    plan.add_references(state)
+    plan.raise_problems()
+    loader_states = [loader_state_for(decode(record), loader, i)
+                     for i, (record, loader) in enumerate(zip(state["dataloaders"], run.objects.dataloaders))]
+    # Everything is decoded before anything changes: a value refused here (a set without allow_pickle,
+    # a damaged record) leaves the run as it was. Tensors referred to are filled by the reads below.
+    decoded = plan.decode_objects(run, state, ranked, allow_pickle)
+    return _Reading(state, engine, reader, plan, loader_states, decoded)
 
 
 def _check_or_restore(group: Group, error: BaseException | None, snapshot: Snapshot, what: str,
@@ -197,6 +216,9 @@ class _Plan:
 
     def _allocate(self, key: str) -> torch.Tensor:
         entry = self.saved[key]
+        if not isinstance(entry, TensorStorageMetadata):  # a reference to bytes: written by other code
+            raise CheckpointError(f"{key}: the checkpoint saved bytes under this key where a tensor is "
+                                  f"referenced in {STATE_FILE}; it was not written by save_state or is damaged")
         return torch.empty(entry.size, dtype=entry.properties.dtype)
 
     def _compare(self, what: str, prefix: str, target: dict[str, Any], strict: bool,

@@ -67,8 +67,8 @@ class OptimizerState:
     def load_state_dict(self, state_dict: dict[str, Any], groups: list[dict[str, Any]] | None = None) -> None:
         """Load a flat state dict. Parameters without ``state.`` entries get no state (as before their
         first step); ``groups`` gives each param group's parameter names (default: the optimizer's)."""
-        groups = groups if groups is not None else self.nested_state_dict()[GROUPS]
-        nested = unflatten_optimizer(state_dict, groups)
+        names: list[dict[str, Any]] = groups if groups is not None else self.nested_state_dict()[GROUPS]
+        nested = unflatten_optimizer(state_dict, names)
         set_optimizer_state_dict(self.owner, self.optimizer, nested, options=StateDictOptions(strict=False))
 
 

@@ -213,9 +213,10 @@ class SafeFileSystemReader(FileSystemReader):
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path} does not hold DCP metadata (found {type(metadata).__name__})")
         check_inside(Path(self.path), metadata)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 
