@@ -4,8 +4,10 @@ Besides the launcher and the CLI, this package is the only place that reads ``os
 is reported at once, each naming the value given and the valid choices. One file per step:
 
 - ``process``: where this process runs (``ProcessPlan``, ``resolve_process``); used by ``PartialState``
-- ``training``: everything an ``Accelerator`` does differently from plain PyTorch (``TrainingPlan``)
-- ``deepspeed``, ``megatron``: the steps for those plugins
+- ``training``: everything an ``Accelerator`` does differently from plain PyTorch, one ``_resolve_*`` step
+  per setting (``resolve_training``)
+- ``plan``: the frozen values it produces (``TrainingPlan`` and each strategy's typed settings)
+- ``parallelism``: the strategy and mesh sizes; ``deepspeed``, ``megatron``: the steps for those plugins
 
 Names are imported on first use, so ``PartialState`` loads ``process`` without the rest.
 """
@@ -21,12 +23,12 @@ _EXPORTS = {
     "launch_config": "overdrive.launchers.protocol",
     "ProcessPlan": "overdrive.resolve.process",
     "resolve_process": "overdrive.resolve.process",
-    "SingleSettings": "overdrive.resolve.training",
-    "DDPSettings": "overdrive.resolve.training",
-    "FSDP2Settings": "overdrive.resolve.training",
-    "PipelineStrategySettings": "overdrive.resolve.training",
-    "TrainingPlan": "overdrive.resolve.training",
-    "resolve_parallelism": "overdrive.resolve.training",
+    "SingleSettings": "overdrive.resolve.plan",
+    "DDPSettings": "overdrive.resolve.plan",
+    "FSDP2Settings": "overdrive.resolve.plan",
+    "PipelineStrategySettings": "overdrive.resolve.plan",
+    "TrainingPlan": "overdrive.resolve.plan",
+    "resolve_parallelism": "overdrive.resolve.parallelism",
     "resolve_training": "overdrive.resolve.training",
     "split_kwargs_handlers": "overdrive.resolve.training",
     "DeepSpeedSettings": "overdrive.resolve.deepspeed",
@@ -37,14 +39,13 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config
     from overdrive.resolve.deepspeed import DeepSpeedSettings
-    from overdrive.resolve.process import ProcessPlan, resolve_process
-    from overdrive.resolve.training import (
+    from overdrive.resolve.parallelism import resolve_parallelism
+    from overdrive.resolve.plan import (
         DDPSettings,
         FSDP2Settings,
         PipelineStrategySettings,
         SingleSettings,
         TrainingPlan,
-        resolve_parallelism,
-        resolve_training,
-        split_kwargs_handlers,
     )
+    from overdrive.resolve.process import ProcessPlan, resolve_process
+    from overdrive.resolve.training import resolve_training, split_kwargs_handlers

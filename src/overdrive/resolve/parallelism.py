@@ -1,0 +1,146 @@
+"""The resolver's parallelism step: which strategy a run uses, the mesh sizes, the pipeline settings, and
+the chosen strategy's typed settings."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from overdrive.config import (
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+    ParallelismConfig,
+    PipelineConfig,
+    TorchTensorParallelPlugin,
+    field_names,
+)
+from overdrive.resolve.plan import DDPSettings, FSDP2Settings, PipelineStrategySettings, SingleSettings
+from overdrive.resolve.process import ProcessPlan
+from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """What the parallelism step decided: the strategy, the mesh sizes, the plugins behind them, the pipeline
+    settings (with pp > 1) and the strategy that wraps each pipeline stage."""
+
+    strategy: str
+    dims: ParallelDims
+    uses_mesh: bool
+    fsdp: FullyShardedDataParallelPlugin | None
+    tp: TorchTensorParallelPlugin | None
+    cp_comm_strategy: str
+    pipeline: PipelineConfig | None = None
+    stage_strategy: str | None = None
+
+
+def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParallelPlugin | None,
+                        parallelism_config: ParallelismConfig | None, tp_plugin: TorchTensorParallelPlugin | None,
+                        errors: list[str]) -> Parallelism:
+    """The strategy and mesh sizes for the plugins given; problems are appended to ``errors``."""
+    from overdrive.transforms.context_parallel import comm_strategy_of, context_parallel_problem
+
+    info = process.info
+    tp_plugin = tp_plugin or (parallelism_config.tp_handler if parallelism_config else None)
+    if fsdp_plugin is not None and fsdp_plugin.fsdp_version == 1:
+        warnings.warn("fsdp_version=1 requested: overdrive runs FSDP2 (fully_shard) with the same settings",
+                      stacklevel=4)
+    if parallelism_config is not None:
+        sizes = parallelism_config.sizes()
+    elif fsdp_plugin is not None and fsdp_plugin.wants_hybrid_shard:
+        sizes = {"dp_replicate": -1, "dp_shard": info.local_world_size}  # shard within a machine
+    elif fsdp_plugin is not None or tp_plugin is not None:
+        sizes = {"dp_shard": -1, "tp": tp_plugin.tp_size if tp_plugin else 1}
+    else:
+        sizes = {"dp_replicate": info.world_size}
+    problems = check_sizes(sizes, info.world_size)
+    errors.extend(problems)
+    dims = ParallelDims() if problems else ParallelDims(**fill_sizes(sizes, info.world_size))
+    cp_comm = comm_strategy_of(parallelism_config.cp_handler if parallelism_config else None)
+    cp_size = sizes.get("cp", 1)
+    problem = context_parallel_problem(cp_size if isinstance(cp_size, int) else 1, process.device, cp_comm)
+    if problem:
+        errors.append(problem)
+    if tp_plugin is not None and tp_plugin.torch_device_mesh is not None:
+        errors.append("TorchTensorParallelPlugin(torch_device_mesh=...) is not used: overdrive builds the mesh; give "
+                      "the sizes with ParallelismConfig(tp_size=..., dp_shard_size=...)")
+    if dims.dp_replicate > 1 and dims.tp > 1 and not dims.shards_parameters:
+        errors.append(f"dp_replicate_size={dims.dp_replicate} with tp_size={dims.tp} needs dp_shard_size > 1: "
+                      "replicated data parallel over a tensor-parallel model is done by HSDP; use dp_shard_size")
+    if fsdp_plugin is not None and info.world_size > 1 and not dims.shards_parameters:
+        errors.append(f"fsdp_plugin was given but nothing is sharded ({dims.describe()}); give dp_shard_size > 1 in "
+                      "ParallelismConfig, or leave fsdp_plugin out for plain data parallel")
+    uses_mesh = fsdp_plugin is not None or parallelism_config is not None or tp_plugin is not None
+    stage_axes = tuple(a for a in dims.enabled_axes if a != "pp")
+    if not uses_mesh or (stage_axes in ((), ("dp_replicate",)) and fsdp_plugin is None):
+        strategy = "ddp" if (info.is_distributed if dims.pp == 1 else info.world_size > dims.pp) else "single"
+    else:
+        strategy = "fsdp2"
+    pp_size = sizes.get("pp", 1)
+    pp_size = dims.pp if not problems else pp_size if isinstance(pp_size, int) and pp_size > 1 else 1
+    pipeline = _pipeline_config(parallelism_config, fsdp_plugin, pp_size, errors) if pp_size > 1 else None
+    if pipeline is not None:
+        return Parallelism("pipeline", dims, uses_mesh, fsdp_plugin, tp_plugin, cp_comm, pipeline, strategy)
+    return Parallelism(strategy, dims, uses_mesh, fsdp_plugin, tp_plugin, cp_comm)
+
+
+def _pipeline_config(parallelism_config: ParallelismConfig | None, fsdp_plugin: FullyShardedDataParallelPlugin | None,
+                     pp_size: int, errors: list[str]) -> PipelineConfig:
+    """The pipeline settings of ``pp_size > 1``; their problems are appended to ``errors``."""
+    given = parallelism_config.pp_handler if parallelism_config is not None else None
+    try:
+        config = PipelineConfig(**given) if isinstance(given, dict) else given or PipelineConfig()
+    except TypeError as exc:
+        errors.append(f"pp_handler={given!r}: {exc}; its fields are {field_names(PipelineConfig)}")
+        return PipelineConfig()
+    errors.extend(config.problems(pp_size))
+    if fsdp_plugin is not None and fsdp_plugin.cpu_ram_efficient_loading:
+        errors.append("cpu_ram_efficient_loading=True is not supported with pp_size > 1 yet: every process builds "
+                      "the whole model before it is cut into stages; leave it False")
+    return config
+
+
+def launched_parallelism(launched: dict[str, Any], fsdp_plugin: FullyShardedDataParallelPlugin | None,
+                          parallelism_config: ParallelismConfig | None
+                          ) -> tuple[FullyShardedDataParallelPlugin | None, ParallelismConfig | None]:
+    """The FSDP plugin and parallelism sizes a launch config (Accelerate's YAML keys) asks for, unless the
+    script gave its own."""
+    if fsdp_plugin is None and str(launched.get("distributed_type", "")).upper() == "FSDP":
+        fsdp_plugin = FullyShardedDataParallelPlugin.from_config_dict(launched.get("fsdp_config") or {})
+    sizes = launched.get("parallelism_config") or {}
+    if parallelism_config is None and sizes:
+        parallelism_config = ParallelismConfig(**{k.removeprefix("parallelism_config_"): v for k, v in sizes.items()})
+    return fsdp_plugin, parallelism_config
+
+
+def strategy_settings(parallel: Parallelism, ddp: DistributedDataParallelKwargs | None) -> Any:
+    """The chosen strategy's own settings (the pipeline's with its stage strategy's inside)."""
+    ddp_settings = DDPSettings(options=copy.copy(ddp) if ddp is not None else DistributedDataParallelKwargs())
+    fsdp = copy.copy(parallel.fsdp) if parallel.fsdp is not None else FullyShardedDataParallelPlugin()
+    by_name = {"single": SingleSettings(), "ddp": ddp_settings, "fsdp2": FSDP2Settings(fsdp=fsdp)}
+    if parallel.pipeline is None:
+        return by_name[parallel.strategy]
+    from overdrive.transforms.pipeline.schedule import (
+        default_stages_per_rank,
+        schedule_name,
+        stage_style,
+        stage_to_rank,
+    )
+
+    config, pp = parallel.pipeline, parallel.dims.pp
+    name = schedule_name(config.schedule) or config.schedule
+    per_rank = config.stages_per_rank or default_stages_per_rank(name)
+    stage_name = parallel.stage_strategy or "single"
+    # the stage strategy must not broadcast the stage itself: the pipeline does it, tied weights included
+    stage_settings = (FSDP2Settings(fsdp=dataclasses.replace(fsdp, sync_module_states=False)) if stage_name == "fsdp2"
+                      else by_name[stage_name])
+    num_stages = pp * per_rank
+    return PipelineStrategySettings(
+        schedule=name, num_microbatches=config.num_microbatches or pp * per_rank, stages_per_rank=per_rank,
+        stage_strategy=stage_name, stage_settings=stage_settings,
+        split_points=tuple(config.split_points) if config.split_points else None, balance=config.balance,
+        loss_fn=config.loss_fn, sync_module_states=fsdp.sync_module_states if parallel.fsdp is not None else True,
+        output_pp_rank=stage_to_rank(pp, num_stages, stage_style(name))[num_stages - 1])

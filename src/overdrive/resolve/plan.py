@@ -1,0 +1,116 @@
+"""The frozen plans the resolver produces: ``TrainingPlan`` and each strategy's own typed settings.
+
+Plain values: a plan is built once by ``resolve_training`` and only read afterwards; what changes while
+training (the checkpoint iteration, ``even_batches``, the selected DeepSpeed plugin) lives in the
+Accelerator's runtime state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from overdrive.config import (
+    AORecipeKwargs,
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    ProfileKwargs,
+    ProjectConfiguration,
+    TERecipeKwargs,
+)
+from overdrive.precision import PrecisionPolicy
+from overdrive.runtime.mesh import ParallelDims
+from overdrive.transforms.path import ModelTransforms
+
+
+# -- each strategy's own settings, typed: a misspelt setting is a TypeError, not silently dropped -----------
+@dataclass(frozen=True)
+class SingleSettings:
+    """One process: nothing to set."""
+
+
+@dataclass(frozen=True)
+class DDPSettings:
+    """``DistributedDataParallel``'s arguments and communication hook."""
+
+    options: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
+
+
+@dataclass(frozen=True)
+class FSDP2Settings:
+    """Sharding (``fully_shard``) settings; precision, compile and checkpointing are the model path's."""
+
+    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
+
+
+@dataclass(frozen=True)
+class PipelineStrategySettings:
+    """A resolved pipeline: its schedule, and the strategy (with its settings) that wraps each stage."""
+
+    schedule: str
+    num_microbatches: int
+    stages_per_rank: int
+    stage_strategy: str
+    stage_settings: Any
+    split_points: tuple[str, ...] | None = None
+    balance: str = "layers"
+    loss_fn: Callable[..., Any] | None = None
+    #: make each stage equal over the processes holding it, from the first of them
+    sync_module_states: bool = True
+    #: the pipeline rank holding the last stage, whose outputs count when results are gathered
+    output_pp_rank: int = 0
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """Everything an ``Accelerator`` does differently from plain PyTorch, decided once.
+
+    It holds copies of the user's configuration objects; what changes while training (the project's
+    checkpoint iteration, the data loaders' ``even_batches``) is the Accelerator's runtime state."""
+
+    strategy: str
+    precision: PrecisionPolicy
+    #: the accumulation settings (a copy, with ``num_steps`` resolved)
+    accumulation: GradientAccumulationPlugin
+    dataloader: DataLoaderConfiguration
+    device_placement: bool = True
+    step_scheduler_with_optimizer: bool = True
+    rng_types: tuple[str, ...] = ()
+    ddp: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
+    scaler: GradScalerKwargs = field(default_factory=GradScalerKwargs)
+    autocast: AutocastKwargs = field(default_factory=AutocastKwargs)
+    profile: ProfileKwargs | None = None
+    project: ProjectConfiguration = field(default_factory=ProjectConfiguration)
+    log_with: tuple[Any, ...] = ()
+    #: the strategy's own typed settings (``SingleSettings``, ``DDPSettings``, ``FSDP2Settings``,
+    #: ``PipelineStrategySettings`` or DeepSpeed's ``DeepSpeedSettings``)
+    strategy_settings: Any = field(default_factory=SingleSettings)
+    #: the model path every strategy runs: tensor parallel, activation checkpointing, compile, precision
+    transforms: ModelTransforms = field(default_factory=ModelTransforms)
+    #: how the processes divide the work (plain DDP: dp_replicate = every process)
+    dims: ParallelDims = field(default_factory=ParallelDims)
+    #: whether the job asked for a device mesh (a parallelism config, FSDP or tensor parallel)
+    uses_mesh: bool = False
+    cp_comm_strategy: str = "allgather"
+    #: with DeepSpeed: the plugins and the settings that fill their "auto" values (a ``DeepSpeedSettings``)
+    deepspeed: Any = None
+    #: with mixed_precision="fp8": the recipe (``AORecipeKwargs`` / ``TERecipeKwargs``, defaults filled in)
+    fp8: AORecipeKwargs | TERecipeKwargs | None = None
+    #: the FSDP plugin given (a copy), or None: what ``AcceleratorState.fsdp_plugin`` reports
+    fsdp: FullyShardedDataParallelPlugin | None = None
+
+    @property
+    def dynamo_backend(self) -> str | None:
+        """The ``torch.compile`` backend, or None without compilation."""
+        return self.transforms.compile.backend if self.transforms.compile is not None else None
+
+    @property
+    def output_pp_rank(self) -> int:
+        """The pipeline rank whose outputs count (the last one, or rank 0 for V-shaped schedules)."""
+        settings = self.strategy_settings
+        return settings.output_pp_rank if isinstance(settings, PipelineStrategySettings) else self.dims.pp - 1
