@@ -19,6 +19,7 @@ other stages hold. ``BLOCK_LIST_NAMES`` lists the usual names (Llama's ``model.l
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeGuard
 
 from torch import nn
 
@@ -31,7 +32,7 @@ def num_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def is_block_list(module: nn.Module) -> bool:
+def is_block_list(module: nn.Module) -> TypeGuard[nn.ModuleList | nn.Sequential]:
     """Whether ``module`` is a container the blocks can sit in (a ModuleList or a Sequential)."""
     return isinstance(module, (nn.ModuleList, nn.Sequential))
 

@@ -50,7 +50,8 @@ def mixed_precision_policy(plugin: FullyShardedDataParallelPlugin, precision: Pr
     if isinstance(given, str):
         given = {"param_dtype": given, "reduce_dtype": "fp32"}
     if isinstance(given, dict):
-        return MixedPrecisionPolicy(**{k: _dtype(v) if k.endswith("dtype") else v for k, v in given.items()})
+        fields: dict[str, Any] = {k: _dtype(v) if k.endswith("dtype") else v for k, v in given.items()}
+        return MixedPrecisionPolicy(**fields)
     if given is not None:
         raise ValueError(f"mixed_precision_policy={given!r} is not valid; give a MixedPrecisionPolicy, a dict of "
                          "its fields or a dtype name ('bf16', 'fp16', 'fp32')")
@@ -179,7 +180,8 @@ def load_from_rank0(model: nn.Module, full_state: dict[str, torch.Tensor], extra
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model.to_empty(device=device)
-    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    state: dict[str, Any] = full_state  # torch declares dict[str, ValueType], invariant in the value type
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     box = [{k: v.cpu() for k, v in extra_buffers.items()}]
     dist.broadcast_object_list(box, src=0)
     with torch.no_grad():

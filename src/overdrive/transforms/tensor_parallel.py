@@ -67,7 +67,8 @@ def projection_dims(module: nn.Module) -> tuple[int, int]:
     """(in features, out features) of a Linear or Conv1D."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
-    return int(module.weight.shape[0]), int(module.weight.shape[1])
+    weight = module.get_parameter("weight")
+    return int(weight.shape[0]), int(weight.shape[1])
 
 
 def is_norm(module: nn.Module, hidden: int) -> bool:

@@ -23,7 +23,7 @@ import collections
 import contextlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -61,7 +61,7 @@ class _BackwardAlreadyRun(torch.autograd.Function):
         return value.clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None]:
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[None, None]:
         return None, None
 
 
@@ -82,6 +82,11 @@ class StageModule(nn.Module):
     after the last one. The last stage returns ``(logits,)``, or ``(logits, loss)`` when the model computes
     its own loss.
     """
+
+    # set through __dict__ (not children): declared so that they are modules, not nn.Module.__getattr__'s union
+    stage_model: nn.Module
+    _first_block: nn.Module
+    _last_block: nn.Module
 
     def __init__(self, stage_model: nn.Module, layout: StageLayout, stage: int, call: dict[str, Any]) -> None:
         super().__init__()
@@ -242,11 +247,13 @@ class PipelinedModel(nn.Module):
             return run(target=target, **{INPUTS: (args, kwargs)})
 
     def _loss(self, output: Any, target: torch.Tensor) -> torch.Tensor:
-        parts = output if isinstance(output, (tuple, list)) else (output,)
+        parts = output if isinstance(output, (tuple, list)) else [output]
+        loss_fn = self.settings.loss_fn
         if self._call["model_loss"]:
             value = parts[1].reshape(())
         elif self._call["has_target"]:
-            value = self.settings.loss_fn(parts[0], target)
+            assert loss_fn is not None  # without a loss function, a target makes model_loss True
+            value = loss_fn(parts[0], target)
         else:  # evaluation without labels: torch's schedule still calls the loss function
             value = parts[0].float().sum() * 0.0
         self._losses.append(value.detach())
@@ -310,7 +317,8 @@ class PipelinedModel(nn.Module):
         local: dict[str, torch.Tensor] = {}
         for stage in self.stage_modules:
             state = get_model_state_dict(stage, options=StateDictOptions(full_state_dict=True))
-            local.update({k: v.detach().cpu() for k, v in state.items()})
+            # torch types state dict values as any ValueType; a model's are tensors
+            local.update({k: cast(torch.Tensor, v).detach().cpu() for k, v in state.items()})
         if not dist.is_initialized():
             return local
         parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
@@ -373,7 +381,7 @@ def merged_view(models: list[nn.Module]) -> nn.Module:
         view.__dict__["_parameters"] = own[0]._parameters
     names = list(dict.fromkeys(n for m in models for n in m._modules))
     for name in names:
-        view._modules[name] = merged_view([m._modules[name] for m in models if m._modules.get(name) is not None])
+        view._modules[name] = merged_view([child for m in models if (child := m._modules.get(name)) is not None])
     return view
 
 

@@ -71,7 +71,7 @@ def _path_modules(model: nn.Module, path: str) -> list[tuple[nn.Module, str]]:
     chain, module = [], model
     for part in path.split(".") if path else []:
         chain.append((module, part))
-        module = module._modules[part]
+        module = _child(module, part)
     return chain
 
 
@@ -313,7 +313,7 @@ def build_stage_model(model: nn.Module, layout: StageLayout, stage: int) -> nn.M
     parent = root
     chain = _path_modules(model, layout.list_path)
     for _, child in chain:
-        copied = shallow_copy(parent._modules[child])
+        copied = shallow_copy(_child(parent, child))
         parent._modules[child] = copied
         parent = copied
     blocks = parent if layout.list_path else root
@@ -350,6 +350,15 @@ def stage_of(name: str, layout: StageLayout) -> int:
 def stage_blocks(stage_model: nn.Module, layout: StageLayout, stage: int) -> tuple[nn.Module, nn.Module]:
     """The first and last block of ``stage`` inside its stage model."""
     blocks = stage_model.get_submodule(layout.list_path) if layout.list_path else stage_model
-    items = list(blocks._modules.values())
+    items = list(blocks._modules)
     start, stop = layout.bounds[stage]
-    return items[start], items[stop - 1]
+    return _child(blocks, items[start]), _child(blocks, items[stop - 1])
+
+
+def _child(module: nn.Module, name: str) -> nn.Module:
+    """``module``'s registered child ``name``; an error when the slot holds None (a removed child)."""
+    child = module._modules[name]
+    if child is None:
+        raise SplitError(f"{type(module).__name__}.{name} was set to None: a pipeline stage cannot be cut through "
+                         "a removed child; delete the attribute or give it a module")
+    return child
