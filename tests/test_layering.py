@@ -193,3 +193,38 @@ def test_importing_data_does_not_load_the_resolver() -> None:
             "'overdrive.accelerator', 'overdrive.checkpoint'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+#: modules outside ``runtime/`` allowed to ask torch.distributed for a rank or world size directly, with why
+RANK_CALLS_ALLOWED: dict[str, str] = {}
+
+
+def _asks_torch_for_rank(node: ast.AST) -> bool:
+    """``dist.get_rank(...)`` / ``torch.distributed.get_world_size(...)`` (any alias of torch.distributed), or
+    the bare function imported from it."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Attribute) and func.attr in ("get_rank", "get_world_size"):
+        receiver = ast.unparse(func.value)
+        return receiver in ("dist", "torch.distributed", "_dist", "torch_dist")
+    return isinstance(func, ast.Name) and func.id in ("get_rank", "get_world_size")
+
+
+def test_rank_and_world_size_come_from_runtime_group() -> None:
+    """``runtime/group.py`` is the one source of rank and world size (it falls back to the launcher's
+    variables before the process group exists); no other module asks torch.distributed itself."""
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith("overdrive.runtime") or module in RANK_CALLS_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if _asks_torch_for_rank(node):
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, ("call overdrive.runtime.group.rank() / world_size() instead:\n  " + "\n  ".join(found))
+
+
+def test_the_rank_check_sees_each_spelling() -> None:
+    calls = ["dist.get_rank()", "torch.distributed.get_world_size(group)", "get_rank()"]
+    assert all(_asks_torch_for_rank(ast.parse(code).body[0].value) for code in calls)  # type: ignore[attr-defined]
+    assert not _asks_torch_for_rank(ast.parse("mesh.get_rank()").body[0].value)  # type: ignore[attr-defined]

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from overdrive.runtime import group as process_group
+
 __all__ = ["prepare_pippy", "PippyOutput", "find_pippy_batch_size", "generate_device_map"]
 
 
@@ -52,7 +54,7 @@ class PippyModel(nn.Module):
         args, kwargs, batch = _pad_batch(args, kwargs, self.num_chunks)
         with torch.no_grad():
             logits = self.pipelined(*args, **kwargs).logits
-        rank = dist.get_rank(self.group) if self.group is not None else 0
+        rank = process_group.rank(self.group) if self.group is not None else 0
         if self.gather_output and self.group is not None:
             logits = _broadcast_from(logits, self.last_rank, self.group)
         elif rank != self.last_rank:
@@ -117,7 +119,7 @@ def _pad_batch(args: tuple, kwargs: dict, num_chunks: int) -> tuple[tuple, dict,
 def _broadcast_from(tensor: torch.Tensor, src: int, group: Any) -> torch.Tensor:
     shape = torch.tensor(list(tensor.shape) + [0] * (8 - tensor.ndim), dtype=torch.long)
     dist.broadcast(shape, group=group, group_src=src)
-    full = tensor if dist.get_rank(group) == src else torch.empty([int(s) for s in shape[:tensor.ndim]],
+    full = tensor if process_group.rank(group) == src else torch.empty([int(s) for s in shape[:tensor.ndim]],
                                                                   dtype=tensor.dtype, device=tensor.device)
     dist.broadcast(full, group=group, group_src=src)
     return full

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from overdrive.checkpoint.errors import CheckpointError
+from overdrive.runtime import group as process_group
 
 T = TypeVar("T")
 _calls: dict[str, int] = {}  # per process: how many saves / loads it started, to meet the other ranks'
@@ -20,9 +21,9 @@ class Group:
 
     def __init__(self, pg: Any = None) -> None:
         self.pg = pg  # None: the default group
-        self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        self.rank = dist.get_rank() if self.active else 0
-        self.size = dist.get_world_size() if self.active else 1
+        self.active = process_group.is_distributed()
+        self.rank = process_group.rank() if self.active else 0
+        self.size = process_group.world_size() if self.active else 1
 
     def arrive(self, what: str) -> None:
         """Check that every rank called ``what`` before its first collective: a save or load called on one

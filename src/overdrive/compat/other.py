@@ -80,10 +80,10 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
 
 def save(obj: Any, f: str | os.PathLike, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
     """Save on the main process (of each machine with ``save_on_each_node``), torch.save or safetensors."""
-    import torch.distributed as dist
+    from overdrive.runtime import group
 
-    if dist.is_available() and dist.is_initialized():
-        rank = int(os.environ.get("LOCAL_RANK", dist.get_rank())) if save_on_each_node else dist.get_rank()
+    if group.is_initialized():
+        rank = group.local_rank() if save_on_each_node else group.rank()
         if rank != 0:
             return
     if safe_serialization:

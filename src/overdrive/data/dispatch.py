@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from overdrive.data.loader import PreparedLoaderMixin, _distributed, with_last_flag
 from overdrive.data.sampler import DispatchBatchSampler, IterableDatasetShard, _check_index
 from overdrive.ops import honor_mapping, honor_type
+from overdrive.runtime import group
 from overdrive.state import GradientState
 
 
@@ -169,8 +170,8 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             for batch in batches:
                 yield self._split(batch)
             return
-        while group := list(itertools.islice(batches, n)):
-            yield group + [None] * (n - len(group))
+        while chunk := list(itertools.islice(batches, n)):
+            yield chunk + [None] * (n - len(chunk))
 
     def _split(self, batch: Any) -> list[Any]:
         length = _find_length(batch)
@@ -190,7 +191,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
     def _dp_indices(self) -> list[int]:
         """Each global rank's process index (tensor parallelism can give several ranks the same one)."""
         if self._dp_of_rank is None:
-            gathered: list[Any] = [None] * dist.get_world_size()
+            gathered: list[Any] = [None] * group.world_size()
             dist.all_gather_object(gathered, self.process_index)
             missing = sorted(set(range(self.num_processes)) - set(gathered))
             if missing:
@@ -201,7 +202,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
 
     def _exchange(self, skip: int) -> Iterator[tuple[Any, bool]]:
         dp_of_rank = self._dp_indices()
-        is_reader = dist.get_rank() == 0
+        is_reader = group.rank() == 0
         device = _comm_device(self.device)
         steps = _with_next(self._read_steps(skip)) if is_reader else None
         while True:

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from overdrive.config import DDPCommunicationHookType as Hook
 from overdrive.config import DistributedDataParallelKwargs
 from overdrive.resolve import DDPSettings
+from overdrive.runtime.group import world_size
 from overdrive.strategies.base import StrategyContext
 from overdrive.strategies.single import SingleDeviceStrategy
 
@@ -76,7 +77,7 @@ def compress_hook(dtype: torch.dtype) -> Callable:
     def hook(group, bucket):  # type: ignore[no-untyped-def]
         group = group if group is not None else dist.group.WORLD
         buffer = bucket.buffer()
-        compressed = buffer.to(dtype).div_(dist.get_world_size(group))
+        compressed = buffer.to(dtype).div_(world_size(group))
         future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
 
         def decompress(fut: torch.futures.Future) -> torch.Tensor:

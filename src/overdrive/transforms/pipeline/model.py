@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from overdrive.runtime import group
 from overdrive.transforms.pipeline import schedule as schedules
 from overdrive.transforms.pipeline.schedule import PipelineRuntime
 from overdrive.transforms.pipeline.split import StageLayout, build_stage_model, plan_stages, stage_blocks
@@ -321,9 +322,9 @@ class PipelinedModel(nn.Module):
             local.update({k: cast(torch.Tensor, v).detach().cpu() for k, v in state.items()})
         if not dist.is_initialized():
             return local
-        parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+        parts: list[Any] = [None] * group.world_size() if group.rank() == 0 else []
         dist.gather_object(local if self.settings.speaks_for_stage else {}, parts if parts else None, dst=0)
-        return {k: v for part in parts for k, v in part.items()} if dist.get_rank() == 0 else {}
+        return {k: v for part in parts for k, v in part.items()} if group.rank() == 0 else {}
 
 
 def _batch_size(tree: Any) -> int:

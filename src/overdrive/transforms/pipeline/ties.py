@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from overdrive.runtime import group as process_group
 from overdrive.transforms.pipeline.schedule import stage_to_rank
 from overdrive.transforms.pipeline.split import SplitError, StageLayout, stage_of
 
@@ -70,9 +71,9 @@ def _group(ranks: tuple[int, ...], pp_size: int, mesh: Any) -> Any:
     mine = None
     for column in range(layout.shape[1]):
         members = [int(layout[r, column]) for r in ranks]
-        group = dist.new_group(members)
-        if dist.get_rank() in members:
-            mine = group
+        new = dist.new_group(members)
+        if process_group.rank() in members:
+            mine = new
     return mine
 
 
