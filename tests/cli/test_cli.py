@@ -17,12 +17,15 @@ from overdrive.launchers.torchrun import Command, LaunchPlan, describe_failures,
 from overdrive.runtime.cluster import _tasks_per_node, detect_process_info, first_host
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-_CLUSTER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                     "MASTER_PORT", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "MV2_", "PALS_")
+# a cluster's variables, and overdrive's / Accelerate's own: a test sets those it means through ``extra``
+_CLUSTER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_",
+                     "TORCHELASTIC", "SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "MV2_", "PALS_", "OVERDRIVE_",
+                     "ACCELERATE_")
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """This environment without any cluster's variables, with config files looked up under tmp_path."""
+    """This environment without any cluster's (or overdrive's, or Accelerate's) variables, with config files
+    looked up under tmp_path; ``extra`` is set last."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_CLUSTER_PREFIXES)}
     env.update(OVERDRIVE_CONFIG_FILE=str(tmp_path / "default_config.yaml"), HF_HOME=str(tmp_path / "hf"),
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -32,6 +35,7 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def overdrive(*args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 60,
               stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``overdrive ARGS`` run as a user would (``python -m overdrive.cli``), with a hard ``timeout``."""
     return subprocess.run([sys.executable, "-m", "overdrive.cli", *args], env=env, cwd=cwd, input=stdin,
                           capture_output=True, text=True, timeout=timeout)
 

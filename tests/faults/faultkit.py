@@ -1,39 +1,22 @@
-"""Helpers of the fault-injection suite: a clean environment, the CLI as a subprocess, free ports."""
+"""Helpers of the fault-injection suite: the CLI's environment and runner (tests/cli/test_cli.py), with
+temporary files kept under the test's own folder, and the folder of the suite's scripts."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-if str(TESTS) not in sys.path:  # tests/distributed.py
-    sys.path.insert(0, str(TESTS))
+for _folder in (TESTS, TESTS / "cli"):  # tests/distributed.py, tests/cli/test_cli.py
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
-_CLUSTER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_", "GROUP_RANK", "TORCHELASTIC",
-                     "OMPI_", "PMI_", "SLURM_", "MV2_", "OVERDRIVE_", "ACCELERATE_")
+from test_cli import clean_env as _clean_env  # noqa: E402
+from test_cli import overdrive  # noqa: E402,F401  (re-exported)
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """This environment without any cluster's variables; config files looked up under ``tmp_path``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_CLUSTER_PREFIXES)}
-    env.update(OVERDRIVE_CONFIG_FILE=str(tmp_path / "default_config.yaml"), HF_HOME=str(tmp_path / "hf"),
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path))
-    env.update(extra)
-    return env
-
-
-def overdrive(*args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 60,
-              stdin: str | None = None) -> subprocess.CompletedProcess:
-    """``overdrive ARGS`` run as a user would; a hard ``timeout``."""
-    return subprocess.run([sys.executable, "-m", "overdrive.cli", *args], env=env, cwd=cwd, input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """test_cli's clean environment, with ``TMPDIR`` in ``tmp_path`` too: what a faulty run leaves behind
+    stays in the test's folder."""
+    return _clean_env(tmp_path, **{"TMPDIR": str(tmp_path), **extra})
