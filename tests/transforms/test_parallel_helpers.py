@@ -5,6 +5,7 @@ Holds no tests itself; the functions are importable by spawned ranks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -111,9 +112,13 @@ def reference_losses(global_batch: int, steps: int, clip: float | None = None, l
 
 
 def accelerated_losses(accelerator: Any, batch_size: int, steps: int, clip: float | None = None,
-                       lr: float = 1e-2, model: nn.Module | None = None) -> dict[str, Any]:
+                       lr: float = 1e-2, model: nn.Module | None = None,
+                       compute_loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                       ) -> dict[str, Any]:
     """The same loop through ``accelerator``; ``batch_size`` per data-parallel rank. Returns the global
-    loss of each optimizer step (averaged over data-parallel ranks with ``gather``) and the clip norms."""
+    loss of each optimizer step (averaged over data-parallel ranks with ``gather``) and the clip norms.
+    ``compute_loss(model, ids, labels)``: the loss of a batch (default: ``loss_fn`` of the logits)."""
+    compute_loss = compute_loss or (lambda model, ids, labels: loss_fn(model(ids), labels))
     model = model if model is not None else make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     loader = DataLoader(make_data(), batch_size=batch_size)
@@ -121,7 +126,7 @@ def accelerated_losses(accelerator: Any, batch_size: int, steps: int, clip: floa
     losses, norms, window = [], [], []
     for ids, labels in loader:
         with accelerator.accumulate(model):
-            loss = loss_fn(model(ids), labels)
+            loss = compute_loss(model, ids, labels)
             accelerator.backward(loss)
             window.append(accelerator.gather(loss.detach()).mean().item())
             if accelerator.sync_gradients:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from test_parallel_helpers import loss_fn, make_data, make_model
+from test_parallel_helpers import accelerated_losses, loss_fn, make_data, make_model
 
 LAYERS = 4  # enough blocks for 2 ranks x 2 stages
 
@@ -56,31 +56,21 @@ def pipelined(accelerator: Any, batch_size: int, steps: int, model: nn.Module | 
               clip: float | None = 1.0) -> dict[str, Any]:
     """The same loop through ``accelerator`` (``batch_size`` per data-parallel rank): global loss of each
     optimizer step (``gather`` counts each pipeline once) and the clip norms."""
-    model = model if model is not None else make_model(layers=LAYERS)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, opt, loader = accelerator.prepare(model, opt, DataLoader(make_data(), batch_size=batch_size))
-    losses, norms, window = [], [], []
-    for ids, labels in loader:
-        with accelerator.accumulate(model):
-            outputs = model(input_ids=ids, labels=ids) if hf else model(ids, labels=labels)
-            accelerator.backward(outputs.loss)
-            window.append(accelerator.gather(outputs.loss.detach()).mean().item())
-            if accelerator.sync_gradients:
-                if clip is not None:
-                    norms.append(float(accelerator.clip_grad_norm_(model.parameters(), clip)))
-                losses.append(sum(window) / len(window))
-                window = []
-            opt.step()
-            opt.zero_grad()
-        if len(losses) == steps:
-            break
+
+    def forward_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return (model(input_ids=ids, labels=ids) if hf else model(ids, labels=labels)).loss
+
+    result = accelerated_losses(accelerator, batch_size, steps, clip=clip,
+                                model=model if model is not None else make_model(layers=LAYERS),
+                                compute_loss=forward_loss)
+    model = result["model"]
     model.eval()  # forward only, on the first batch
     with torch.no_grad():
         ids, labels = next(iter(DataLoader(make_data(), batch_size=batch_size)))
-        outputs = model(input_ids=ids, labels=ids) if hf else model(ids, labels=labels)
+        loss = forward_loss(model, ids, labels)
     model.train()
-    eval_loss = accelerator.gather(outputs.loss).mean().item()
-    return {"losses": losses, "norms": norms, "model": model, "optimizer": opt, "eval_loss": eval_loss}
+    eval_loss = accelerator.gather(loss).mean().item()
+    return {**result, "eval_loss": eval_loss}
 
 
 def reference_eval_loss(model: nn.Module, global_batch: int, hf: bool = False) -> float:
