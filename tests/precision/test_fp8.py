@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import subprocess
-import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ pytestmark = [pytest.mark.optional]  # torchao
 from overdrive import Accelerator  # noqa: E402
 from overdrive.config import AORecipeKwargs, TERecipeKwargs  # noqa: E402
 from overdrive.precision.fp8 import fp8_unavailable, installed  # noqa: E402
+from test_cli import clean_env, overdrive  # noqa: E402
 
 STEPS = 4
 
@@ -67,15 +67,20 @@ def by_hand(model: nn.Module, recipe: str, all_gather: bool = False) -> nn.Modul
     return convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn in CONVERTED)
 
 
-def train_by_hand(model: nn.Module, data: list) -> list[torch.Tensor]:
+def train_by_hand(model: nn.Module, data: list, autocast: bool = True,
+                  after_step: Callable[[], None] | None = None) -> list[torch.Tensor]:
+    """Plain PyTorch: AdamW over ``data`` with the forward under bf16 autocast (unless ``autocast=False``)
+    and ``after_step()`` after each optimizer step; the loss of each step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for x, y in data:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             out = model(x)
         loss = F.mse_loss(out.float(), y)
         loss.backward()
         optimizer.step()
+        if after_step is not None:
+            after_step()
         optimizer.zero_grad()
         losses.append(loss.detach())
     return losses
@@ -172,7 +177,6 @@ def test_launch_refuses_fp8_it_cannot_run_before_starting_workers(tmp_path):
     script.write_text("raise SystemExit('a worker started')\n")
     config = tmp_path / "fp8.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\nmixed_precision: fp8\nfp8_config:\n  backend: TE\n")
-    result = subprocess.run([sys.executable, "-m", "overdrive.cli", "launch", "--config_file", str(config), "--cpu",
-                             str(script)], capture_output=True, text=True, timeout=60)
+    result = overdrive("launch", "--config_file", str(config), "--cpu", str(script), env=clean_env(tmp_path))
     assert result.returncode == 2, result.stderr
     assert "mixed_precision 'fp8'" in result.stderr and "a worker started" not in result.stderr

@@ -13,7 +13,7 @@ pytest.importorskip("torchao.float8", reason="fp8 tests need torchao (pip instal
 pytestmark = [pytest.mark.optional, pytest.mark.slow]  # torchao
 
 from distributed import run_distributed  # noqa: E402
-from test_fp8 import Net, batches, by_hand, train_accelerated  # noqa: E402
+from test_fp8 import Net, batches, by_hand, train_accelerated, train_by_hand  # noqa: E402
 
 
 def _local(tensor: Any) -> Any:
@@ -26,7 +26,6 @@ def _local(tensor: Any) -> Any:
 def _ddp_case() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
     from overdrive import Accelerator, AORecipeKwargs
@@ -37,17 +36,7 @@ def _ddp_case() -> dict[str, Any]:
     reference = by_hand(copy.deepcopy(model), "tensorwise")
     accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
     model, losses = train_accelerated(accelerator, model, batches(rank))
-    wrapped = DistributedDataParallel(reference)
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
-    expected = []
-    for x, y in batches(rank):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = wrapped(x)
-        loss = F.mse_loss(out.float(), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        expected.append(loss.detach())
+    expected = train_by_hand(DistributedDataParallel(reference), batches(rank))
     mine = [_local(p) for p in accelerator.unwrap_model(model).parameters()]
     theirs = [_local(p) for p in reference.parameters()]
     accelerator.free_memory()
@@ -58,7 +47,6 @@ def _ddp_case() -> dict[str, Any]:
 def _fsdp2_case() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
@@ -77,15 +65,8 @@ def _fsdp2_case() -> dict[str, Any]:
     for block in reference.blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(reference, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32, torch.float32))
-    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    expected = []
-    for x, y in batches(rank, batch=8):
-        loss = F.mse_loss(reference(x), y)
-        loss.backward()
-        optimizer.step()
-        precompute_float8_dynamic_scale_for_fsdp(reference)
-        optimizer.zero_grad()
-        expected.append(loss.detach())
+    expected = train_by_hand(reference, batches(rank, batch=8), autocast=False,
+                             after_step=lambda: precompute_float8_dynamic_scale_for_fsdp(reference))
     mine = [_local(p) for p in model.parameters()]
     theirs = [_local(p) for p in reference.parameters()]
     gathers_fp8 = sum(isinstance(p.to_local(), WeightWithDynamicFloat8CastTensor) for p in model.parameters())
