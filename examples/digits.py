@@ -9,10 +9,10 @@ The same script, unchanged, runs on one process or many; it prints the held-out 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -22,6 +22,9 @@ from overdrive.utils import set_seed
 
 
 def build_data(batch_size: int) -> tuple[DataLoader, DataLoader]:
+    from sklearn.datasets import load_digits  # here: tests import train_step without loading scikit-learn
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
     y = torch.tensor(digits.target, dtype=torch.long)
@@ -29,6 +32,20 @@ def build_data(batch_size: int) -> tuple[DataLoader, DataLoader]:
     train = DataLoader(TensorDataset(x_train, y_train), batch_size=batch_size, shuffle=True)
     test = DataLoader(TensorDataset(x_test, y_test), batch_size=128)
     return train, test
+
+
+def train_step(accelerator: Accelerator, model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor,
+               loss_fn: Callable[..., torch.Tensor] = nn.functional.cross_entropy, scheduler: Any = None) -> torch.Tensor:
+    """One micro-batch of the training loop; returns its loss. Inside ``accumulate`` the gradients are
+    synchronised, and the optimizer (and scheduler) step, only on the last micro-batch of each window."""
+    with accelerator.accumulate(model):
+        loss = loss_fn(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad()
+    return loss
 
 
 def main() -> float:
@@ -54,11 +71,7 @@ def main() -> float:
     for _ in range(args.epochs):
         model.train()
         for x, y in train_loader:
-            with accelerator.accumulate(model):
-                loss = nn.functional.cross_entropy(model(x), y)
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
+            loss = train_step(accelerator, model, optimizer, x, y)
             progress.update(1)
             progress.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     progress.close()

@@ -2,7 +2,7 @@
 
 The tests mirror ``src/overdrive`` (``tests/strategies/``, ``tests/checkpoint/``, ...). Test modules import
 shared helpers by their module name (``from distributed import run_distributed``, ``from test_cli import
-overdrive``), so this folder and every folder under it are put on ``sys.path``; module basenames must
+overdrive``), so this folder, every folder under it and ``examples/`` are put on ``sys.path``; module basenames must
 therefore be unique across the tree (pytest refuses duplicates anyway). ``from tests.distributed import
 run_distributed`` works too (the repository root is on ``pythonpath`` in pyproject).
 
@@ -28,7 +28,9 @@ import pytest
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 _HERE = Path(__file__).resolve().parent
-for _folder in [_HERE, *sorted(p for p in _HERE.rglob("*") if p.is_dir() and not p.name.startswith((".", "_")))]:
+# examples/ too: tests reuse the examples' pieces (``from digits import train_step``)
+for _folder in [_HERE.parent / "examples", _HERE,
+                *sorted(p for p in _HERE.rglob("*") if p.is_dir() and not p.name.startswith((".", "_")))]:
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

@@ -3,11 +3,13 @@ pieces the launcher is built from (cluster detectors, torchrun arguments, failur
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
@@ -38,6 +40,15 @@ def overdrive(*args: str, env: dict[str, str], cwd: Path | None = None, timeout:
     """``overdrive ARGS`` run as a user would (``python -m overdrive.cli``), with a hard ``timeout``."""
     return subprocess.run([sys.executable, "-m", "overdrive.cli", *args], env=env, cwd=cwd, input=stdin,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def rank_results(result: subprocess.CompletedProcess, folder: Path, world: int = 2) -> list[dict[str, Any]]:
+    """What each rank of a launched test script wrote to ``folder/result_<rank>.json``, in rank order, after
+    checking that the launch succeeded and that every rank wrote its file."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = [json.loads(path.read_text()) for path in sorted(folder.glob("result_*.json"))]
+    assert sorted(r["rank"] for r in results) == list(range(world)), result.stdout
+    return results
 
 
 # -- usage errors --------------------------------------------------------------------------------------

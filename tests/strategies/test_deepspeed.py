@@ -18,7 +18,7 @@ from overdrive import (
     MegatronLMPlugin,
 )
 from overdrive.strategies.deepspeed.ds_config import engine_config
-from test_cli import clean_env, overdrive
+from test_cli import clean_env, overdrive, rank_results
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 
@@ -244,10 +244,12 @@ def test_megatron_plugin_checks():
 
 DS_SCRIPT = """
 import json, sys
+sys.path.insert(0, EXAMPLES)
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from overdrive import Accelerator, DistributedType
+from digits import train_step
 
 acc = Accelerator()
 assert acc.distributed_type == DistributedType.DEEPSPEED, acc.distributed_type
@@ -258,11 +260,7 @@ model, opt, loader = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr
 losses = []
 for _ in range(4):
     for x, y in loader:
-        with acc.accumulate(model):
-            loss = nn.functional.mse_loss(model(x), y)
-            acc.backward(loss)
-            opt.step()
-            opt.zero_grad()
+        loss = train_step(acc, model, opt, x, y, nn.functional.mse_loss)
         losses.append(acc.gather(loss.detach()[None]).mean().item())
 open(f"{sys.argv[1]}/result_{acc.process_index}.json", "w").write(json.dumps({
     "rank": acc.process_index, "world": acc.num_processes, "type": str(acc.distributed_type),
@@ -277,15 +275,12 @@ open(f"{sys.argv[1]}/result_{acc.process_index}.json", "w").write(json.dumps({
 @pytest.mark.timeout(180)
 def test_use_deepspeed_launch_trains_on_two_processes(tmp_path):
     script = tmp_path / "ds_train.py"
-    script.write_text(DS_SCRIPT)
+    script.write_text(DS_SCRIPT.replace("EXAMPLES", repr(str(Path(__file__).resolve().parents[2] / "examples"))))
     result = overdrive("launch", "--use_deepspeed", "--zero_stage", "2", "--num_processes", "2",
                        "--gradient_accumulation_steps", "2", "--gradient_clipping", "0.7",
                        "--offload_optimizer_device", "cpu", "--deepspeed_multinode_launcher", "standard", str(script), str(tmp_path),
                        env=clean_env(tmp_path, DS_LOG_LEVEL="error"), timeout=170)
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("result_*.json"))]
-    assert sorted(r["rank"] for r in results) == [0, 1], result.stdout
-    for got in results:
+    for got in rank_results(result, tmp_path):
         assert got["world"] == 2 and got["type"] == "DEEPSPEED" and got["stage"] == 2, got
         assert got["clip"] == 0.7 and got["accumulation"] == 2 and got["offload"] == "cpu", got
         assert got["steps"] == 16 and got["last"] < got["first"], got  # 4 epochs x 8 batches / 2

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from digits import train_step
 from distributed import run_distributed
 
 pytestmark = [pytest.mark.optional, pytest.mark.slow]  # deepspeed; minutes on 2 cores
@@ -66,11 +67,7 @@ def _trajectory(plugin: dict[str, Any], accumulation: int = 1, mixed_precision: 
                                      DataLoader(_dataset(), batch_size=4))
     losses, ref_losses, norms, window = [], [], [], []
     for x, y in loader:
-        with acc.accumulate(model):
-            loss = nn.functional.mse_loss(model(x), y)
-            acc.backward(loss)
-            opt.step()
-            opt.zero_grad()
+        loss = train_step(acc, model, opt, x, y, nn.functional.mse_loss)
         gx, gy = acc.gather((x, y))
         losses.append(acc.gather(loss.detach()[None]).mean().item())
         with torch.no_grad():
@@ -128,13 +125,7 @@ def _auto_config(folder: str) -> dict[str, Any]:
         losses = []
         for _ in range(3):
             for x, y in loader:
-                with acc.accumulate(model):
-                    loss = nn.functional.mse_loss(model(x), y)
-                    acc.backward(loss)
-                    opt.step()
-                    sched.step()
-                    opt.zero_grad()
-                losses.append(loss.item())
+                losses.append(train_step(acc, model, opt, x, y, nn.functional.mse_loss, scheduler=sched).item())
         group = opt.optimizer.param_groups[0]
         out[kind] = {"micro": model.train_micro_batch_size_per_gpu(), "total": model.train_batch_size(),
                      "accumulation": model.gradient_accumulation_steps(), "clip": model.gradient_clipping(),
