@@ -24,7 +24,8 @@ class AccumulationWindow:
             window.begin()           # -> True on the micro-batch whose gradients synchronise
             (loss / window.divisor).backward()
 
-    ``sync`` is what ``accelerator.sync_gradients`` reports; ``step`` counts micro-batches.
+    ``sync`` is what ``accelerator.sync_gradients`` reports; ``step`` counts micro-batches as Accelerate's
+    ``Accelerator.step`` does: it goes back to 0 on the last batch of a loader (with ``sync_with_dataloader``).
     """
 
     __slots__ = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch",
@@ -45,7 +46,7 @@ class AccumulationWindow:
         self.divisor = num_steps
         #: whether gradients synchronise (and the optimizer steps) on this micro-batch
         self.sync = True
-        #: micro-batches begun since the start (``accelerator.step``)
+        #: micro-batches begun since the start or the last end of a loader (``accelerator.step``)
         self.step = 0
 
     @classmethod
@@ -62,8 +63,10 @@ class AccumulationWindow:
         if self.position == 0 and self.num_steps > 1:  # (a window of 1 is always 1: nothing to open)
             self._open(loader)
         self.position += 1
-        self.step += 1
-        sync = self.position >= self.size or (end_of_data and self.sync_with_dataloader)
+        ends_data = end_of_data and self.sync_with_dataloader
+        # Accelerate's count: +1 per micro-batch, back to 0 on the last batch of a loader
+        self.step = 0 if ends_data else self.step + 1
+        sync = ends_data or self.position >= self.size
         if sync:
             self.position = 0
         self.sync = sync

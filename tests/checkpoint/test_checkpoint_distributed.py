@@ -85,8 +85,10 @@ def setup(seed: int, project_dir: str | None = None, **project: Any) -> Run:
 
 
 def train(run: Run, until: int, on_step: Any = None) -> list[tuple[float, list[int]]]:
+    """Train until ``until`` micro-batches in all (``tracker.calls``, restored by ``load_state``: the
+    accelerator's ``step`` restarts at each epoch, as Accelerate's does)."""
     records = []
-    while run.acc.step < until:
+    while run.tracker.calls < until:
         for x, y, idx in run.loader:
             with run.acc.accumulate(run.model):
                 loss = nn.functional.mse_loss(run.model(x).squeeze(-1), y)
@@ -97,8 +99,8 @@ def train(run: Run, until: int, on_step: Any = None) -> list[tuple[float, list[i
             run.tracker.update(loss.detach())
             records.append((loss.item(), idx.tolist()))
             if on_step is not None:
-                on_step(run.acc.step)
-            if run.acc.step >= until:
+                on_step(run.tracker.calls)
+            if run.tracker.calls >= until:
                 break
     return records
 
@@ -166,6 +168,7 @@ def _reference(root: str) -> dict[str, Any]:
 def _resume(root: str) -> dict[str, Any]:
     run = setup(99, project_dir=root, total_limit=2)
     newest = run.acc.load_state()  # no folder: the newest complete checkpoint
+    # step 18 is 6 micro-batches into epoch 1, and Accelerate's count restarts at each epoch
     found = {"newest": newest, "step": run.acc.step, "iteration": run.acc.project_configuration.iteration}
     run.acc.load_state(os.path.join(root, "checkpoints", "checkpoint_1"))  # step 10, mid-epoch
     records = train(run, STEPS)
@@ -251,7 +254,7 @@ def test_resumed_run_equals_uninterrupted_run_bit_for_bit(reference: tuple[Path,
     resumed = run_distributed(_resume, 2, str(root), timeout=200)
     for rank in range(2):
         found = resumed[rank]["found"]
-        assert Path(found["newest"]).name == "checkpoint_2" and found["step"] == 18 and found["iteration"] == 3
+        assert Path(found["newest"]).name == "checkpoint_2" and found["step"] == 6 and found["iteration"] == 3
         start = SAVES[1]
         assert resumed[rank]["records"] == ref[rank]["records"][start:]  # same batches, same losses
         for key in ("model", "opt", "sched", "scaler", "step"):

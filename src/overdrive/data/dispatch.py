@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -156,6 +156,13 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
     def __len__(self) -> int:
         return self._remaining(self._shard.num_steps(self.process_index))
 
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch; for a stream of unknown length, those rank 0 counted."""
+        # every rank learns it from the last step's header; a lone process counted it itself
+        observed = self.__dict__.get("_final_remainder", self.__dict__.get("_observed"))
+        return observed if observed is not None else super().remainder
+
     # -- rank 0: reading and cutting into steps ---------------------------------------------------
     def _read_steps(self, skip: int) -> Iterator[list[Any]]:
         """Each step as the list of every process's batch (``None``: that process has none)."""
@@ -166,12 +173,41 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
 
     def _group(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
         n = self.num_processes
+        stream = isinstance(self.dataset, IterableDatasetShard)
+        self._first, self._observed = None, None
         if self.split_batches:
             for batch in batches:
-                yield self._split(batch)
+                yield self._even_out([batch]) if stream else self._split(batch)
             return
-        while chunk := list(itertools.islice(batches, n)):
-            yield chunk + [None] * (n - len(chunk))
+        while group := list(itertools.islice(batches, n)):
+            if stream and (self._first is None or len(group) < n or _find_length(group[-1]) != self.batch_size):
+                yield self._even_out(group)  # the epoch's first step (its samples pad the last) or its last
+            else:
+                yield group + [None] * (n - len(group))
+
+    def _even_out(self, batches: list[Any]) -> list[Any]:
+        """One step of a stream as Accelerate dispatches it: the batches joined, cut into ``num_processes``
+        equal parts of ``ceil(samples / num_processes)``, a short last step padded with the epoch's first
+        samples. A full step keeps the batches as collated (each process's batch as it was read)."""
+        n = self.num_processes
+        joined = batches[0] if len(batches) == 1 else _join(batches)
+        observed = _find_length(joined)
+        if observed is None:
+            raise TypeError(f"cannot split a batch of type {type(joined).__name__} between processes: it holds "
+                            "no tensor or list with a first dimension; pass slice_fn_for_dispatch")
+        if self._first is None:
+            self._first = self.slice_fn(joined, slice(0, n), process_index=0, num_processes=n)
+        if observed == (self.batch_size or 1) * n:
+            return batches if len(batches) == n else self._split_into(joined, self.batch_size or 1)
+        self._observed = observed  # the real samples of this (last) step: gather_for_metrics keeps these
+        if observed % n:
+            joined = _join([joined, self._first])
+        return self._split_into(joined, -(-observed // n))
+
+    def _split_into(self, batch: Any, per: int) -> list[Any]:
+        n = self.num_processes
+        return [self.slice_fn(batch, slice(p * per, (p + 1) * per), process_index=p, num_processes=n)
+                for p in range(n)]
 
     def _split(self, batch: Any) -> list[Any]:
         length = _find_length(batch)
@@ -220,6 +256,8 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             if message["skeletons"][me] is None:
                 return
             part = parts[me] if parts is not None else _unpack(message["skeletons"][me], received)
+            if message["final"]:
+                self._final_remainder = message["remainder"]
             yield self._place(part), message["last"][me]
             if message["final"]:
                 return
@@ -239,8 +277,23 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         buffers = [_to_bytes(tensors[dp], size, device) for dp in dp_of_rank] if size else []
         # A process's batch is its last when the next step has none for it, or there is no next step.
         last = [final or upcoming[p] is None for p in range(n)]  # type: ignore[index]
-        header = {"skeletons": skeletons, "last": last, "final": final, "size": size}
+        remainder = getattr(self, "_observed", None) if final else None
+        header = {"skeletons": skeletons, "last": last, "final": final, "size": size, "remainder": remainder}
         return parts, buffers, header
+
+
+def _join(batches: list[Any]) -> Any:
+    """Batches joined along their first dimension (lists of per-sample values are chained)."""
+    first = batches[0]
+    if _is_leaf_sequence(first):
+        return honor_type(first, (item for batch in batches for item in batch))
+    if isinstance(first, Mapping):
+        return cast(Any, type(first))({key: _join([batch[key] for batch in batches]) for key in first})
+    if isinstance(first, (list, tuple)):
+        return honor_type(first, (_join([batch[i] for batch in batches]) for i in range(len(first))))
+    if isinstance(first, torch.Tensor):
+        return torch.cat(batches) if first.dim() else first
+    return first
 
 
 def _with_next(steps: Iterator[Any]) -> Iterator[tuple[Any, Any]]:

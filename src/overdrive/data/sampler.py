@@ -332,8 +332,8 @@ class IterableDatasetShard(IterableDataset):
 
     The stream is cut into global batches (``batch_size * num_processes`` samples, or ``batch_size``
     with ``split_batches``), and this process keeps its contiguous slice of each. At the end:
-    ``drop_last`` drops a short global batch; else ``even_batches`` completes it with samples from the
-    start of the epoch; else each process keeps what falls in its slice (maybe nothing).
+    ``drop_last`` drops a short global batch; else it is completed with samples from the start of the
+    epoch. ``even_batches`` is kept for Accelerate's signature and changes nothing here, as in Accelerate.
     """
 
     def __init__(self, dataset: Iterable[Any], batch_size: int = 1, drop_last: bool = False,
@@ -350,6 +350,16 @@ class IterableDatasetShard(IterableDataset):
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.epoch = 0
+
+    @property
+    def even_batches(self) -> bool:
+        """Always ``True``: every process gets the same number of batches (a value set is ignored, as
+        Accelerate ignores ``even_batches`` for iterable data)."""
+        return True
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        del value  # accepted for Accelerate's signature and join_uneven_inputs; see the getter
 
     @property
     def per_process_batch_size(self) -> int:
@@ -369,7 +379,10 @@ class IterableDatasetShard(IterableDataset):
             set_epoch(epoch)
 
     def _pad(self) -> bool:
-        return self.even_batches and self.num_processes > 1
+        # As Accelerate: a stream is always completed with samples from its start when several processes
+        # read it, whatever ``even_batches`` says (it only shapes map-style data): processes that stopped
+        # at different steps would leave collectives unmatched.
+        return self.num_processes > 1
 
     def num_steps(self, process_index: int | None = None) -> int:
         """Batches a process yields per epoch (needs a dataset with ``len``)."""
@@ -397,15 +410,14 @@ class IterableDatasetShard(IterableDataset):
 
 
 class DispatchedIterable(IterableDatasetShard):
-    """The whole (padded or trimmed) global stream, for the one process that reads and dispatches."""
+    """The whole global stream (a short last global batch dropped with ``drop_last``, else kept as it is),
+    for the one process that reads and dispatches: the dispatcher evens out the last batch itself."""
 
     def __len__(self) -> int:
         total = self.total_batch_size
         full, rest = divmod(_length(self.dataset, "dataset"), total)
-        if self.drop_last or rest == 0:
-            return full * total
-        return full * total + (total if self._pad() else rest)
+        return full * total + (0 if self.drop_last else rest)
 
     def __iter__(self) -> Iterator[Any]:
-        for chunk in _chunks(self.dataset, self.total_batch_size, self.drop_last, self._pad()):
+        for chunk in _chunks(self.dataset, self.total_batch_size, self.drop_last, pad=False):
             yield from chunk
