@@ -8,9 +8,10 @@
 6. compile, in place: the whole model, or each repeated block (regional compilation);
 7. data parallel: FSDP2's ``fully_shard`` over the mesh, or the strategy's wrapper (DDP).
 
-Steps 4-7 are :func:`overdrive.transforms.apply_parallelism`. The strategies differ only in step 7 (and
-DeepSpeed, whose engine places the model and runs its precision), so compile and activation
-checkpointing mean the same whatever the strategy.
+Steps 4-7 are :func:`overdrive.transforms.apply_parallelism`. The strategies differ only in step 7, so
+compile and activation checkpointing mean the same whatever the strategy. DeepSpeed runs
+``apply_parallelism`` on the model before it builds the engine, which then does steps 1-2 and 7 itself
+(placement, its bf16 / fp16 block, ZeRO).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from overdrive.resolve.deepspeed import DeepSpeedSettings
 from overdrive.strategies.base import StrategyContext
 from overdrive.strategies.deepspeed.checkpoint import EngineCheckpoint, is_engine
 from overdrive.strategies.deepspeed.ds_config import engine_config
+from overdrive.transforms.path import apply_parallelism
 
 
 class DeepSpeedStrategy:
@@ -46,8 +47,8 @@ class DeepSpeedStrategy:
     distributed_type = DistributedType.DEEPSPEED
 
     def __init__(self, context: StrategyContext, settings: DeepSpeedSettings) -> None:
-        # the engine places the model and runs its precision: of the model path, only the hook registry
-        # is used here (for the cast of the engine's inputs and outputs)
+        # the engine places the model and runs its precision: of the model path, the transforms (activation
+        # checkpointing, compile) and the hook registry (the cast of the engine's inputs and outputs) are used
         self.context = context
         self.device = context.device
         self.settings = settings
@@ -128,6 +129,9 @@ class DeepSpeedStrategy:
         if problems:
             raise ValueError("cannot build the DeepSpeed engine:\n  - " + "\n  - ".join(problems))
         self._ready()
+        # the model path's transforms (activation checkpointing, compile), the same as under every strategy;
+        # the engine does the rest of the path (placement, precision, data parallelism)
+        apply_parallelism(model, self.context.mesh, self.context.transforms)
         engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
             model=model, optimizer=client_optimizer, model_parameters=parameters, lr_scheduler=client_scheduler,
             config=config, dist_init_required=False)
