@@ -43,13 +43,13 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
             for turn in range(world):
                 if turn == rank:
-                    msg, kwargs = self.process(msg, kwargs)
-                    self.logger.log(level, msg, *args, **kwargs)
+                    msg, processed = self.process(msg, kwargs)
+                    self.logger.log(level, msg, *args, **processed)
                 dist.barrier()
             return
         if rank == 0 or not main_process_only:
-            msg, kwargs = self.process(msg, kwargs)
-            self.logger.log(level, msg, *args, **kwargs)
+            msg, processed = self.process(msg, kwargs)
+            self.logger.log(level, msg, *args, **processed)
 
     def warning_once(self, msg: Any, *args: Any, **kwargs: Any) -> None:
         """``warning``, but a given message (with the same arguments) is logged only once per process."""

@@ -41,7 +41,7 @@ class Check:
 def add_parser(sub: Any) -> None:
     """Register ``overdrive doctor`` and its flags (the launch settings it checks) on ``sub``."""
     parser = sub.add_parser("doctor", help="check ports, names, the rendezvous, interfaces and disk before a job",
-                            description=__doc__.split("\n\n")[0], allow_abbrev=False)
+                            description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
     add_flag(parser, "config_file", metavar="PATH", help="the config file launch would read")
     add_flag(parser, "num_machines", metavar="N", help="machines taking part (default: config file, else 1)")
     add_flag(parser, "machine_rank", metavar="RANK", help="this machine's rank (default: config file, else 0)")

@@ -17,7 +17,7 @@ from overdrive.tracking.jsonl import find_metrics_file, metric_series, read_metr
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="overdrive plot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="overdrive plot", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run folder, project folder or metrics.jsonl file")
     parser.add_argument("-o", "--output", help="PNG to write (default: RUN_DIR/metrics.png)")
     parser.add_argument("-m", "--metrics", nargs="+", metavar="NAME",

@@ -48,7 +48,7 @@ def convert(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def add_parser(sub: Any) -> None:
     """Register ``overdrive to-fsdp2`` and its flags."""
     parser = sub.add_parser("to-fsdp2", help="convert an Accelerate config file from FSDP1 to FSDP2",
-                            description=__doc__.split("\n\n")[0])
+                            description=(__doc__ or "").split("\n\n")[0])
     add_flag(parser, "config_file", metavar="PATH", required=True, help="the config file to convert")
     add_flag(parser, "output_file", metavar="PATH", help="where to write the result (default: --overwrite)")
     add_flag(parser, "overwrite", action="store_true", default=False, help="rewrite --config_file in place")

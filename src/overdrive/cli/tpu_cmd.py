@@ -16,7 +16,7 @@ from overdrive.cli import UsageError, add_flag
 def add_parser(sub: Any) -> None:
     """Register ``overdrive tpu-config`` with Accelerate's flags."""
     parser = sub.add_parser("tpu-config", help="(refused) run commands on a TPU pod: TPUs are not supported",
-                            description=__doc__.split("\n\n")[0])
+                            description=(__doc__ or "").split("\n\n")[0])
     for name in ("config_file", "tpu_name", "tpu_zone", "command_file", "accelerate_version"):
         add_flag(parser, name, metavar="VALUE")
     add_flag(parser, "command", action="append", metavar="COMMAND")

@@ -80,10 +80,10 @@ class _AccelerateFinder(importlib.abc.MetaPathFinder):
                 "and docs/accelerate_parity.md", name=fullname)
         module = importlib.import_module(target_name)
         own = module.__spec__
-        is_package = own is not None and own.submodule_search_locations is not None
-        spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(module), is_package=is_package)
-        if is_package:
-            spec.submodule_search_locations = list(own.submodule_search_locations)
+        locations = own.submodule_search_locations if own is not None else None
+        spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(module), is_package=locations is not None)
+        if locations is not None:
+            spec.submodule_search_locations = list(locations)
         return spec
 
     def find_distributions(self, context: Any = None) -> Iterator[metadata.Distribution]:

@@ -10,7 +10,7 @@ import functools
 import importlib.util
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -61,6 +61,41 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "is_torch_xla_available": ("torch_xla",), "is_numpy_available": ("numpy",),
 }
 globals().update({name: _package_check(name, *modules) for name, modules in PACKAGES.items()})
+
+if TYPE_CHECKING:  # the checks made by globals().update above, named for type checkers
+    is_aim_available: Callable[..., bool]
+    is_amdsmi_available: Callable[..., bool]
+    is_boto3_available: Callable[..., bool]
+    is_clearml_available: Callable[..., bool]
+    is_comet_ml_available: Callable[..., bool]
+    is_datasets_available: Callable[..., bool]
+    is_deepspeed_available: Callable[..., bool]
+    is_dvclive_available: Callable[..., bool]
+    is_import_timer_available: Callable[..., bool]
+    is_lomo_available: Callable[..., bool]
+    is_matplotlib_available: Callable[..., bool]
+    is_mlflow_available: Callable[..., bool]
+    is_msamp_available: Callable[..., bool]
+    is_pandas_available: Callable[..., bool]
+    is_peft_available: Callable[..., bool]
+    is_pynvml_available: Callable[..., bool]
+    is_pytest_available: Callable[..., bool]
+    is_sagemaker_available: Callable[..., bool]
+    is_schedulefree_available: Callable[..., bool]
+    is_swanlab_available: Callable[..., bool]
+    is_tensorboard_available: Callable[..., bool]
+    is_timm_available: Callable[..., bool]
+    is_torchao_available: Callable[..., bool]
+    is_torchdata_available: Callable[..., bool]
+    is_torchvision_available: Callable[..., bool]
+    is_transformer_engine_available: Callable[..., bool]
+    is_transformers_available: Callable[..., bool]
+    is_triton_available: Callable[..., bool]
+    is_wandb_available: Callable[..., bool]
+    is_bnb_available: Callable[..., bool]
+    is_tqdm_available: Callable[..., bool]
+    is_torch_xla_available: Callable[..., bool]
+    is_numpy_available: Callable[..., bool]
 
 
 def is_rich_available() -> bool:

@@ -220,7 +220,8 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     if precision not in cf.MIXED_PRECISION:
         raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose one of {cf.MIXED_PRECISION}")
     count = torch.accelerator.device_count() if torch.accelerator.is_available() else 0
-    kind = torch.accelerator.current_accelerator().type if count else "cpu"
+    accelerator = torch.accelerator.current_accelerator() if count else None
+    kind = accelerator.type if accelerator is not None else "cpu"
     return cf.save_config(cf.basic_config(precision, device_count=count, device_type=kind), path)
 
 

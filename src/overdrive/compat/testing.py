@@ -37,6 +37,8 @@ class RegressionModel(nn.Module):
         self.b = nn.Parameter(torch.tensor(float(b)))
 
     def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        if x is None:  # Accelerate's signature has the default; the model needs an input all the same
+            raise TypeError("RegressionModel.forward needs an input tensor x")
         return x * self.a + self.b
 
 

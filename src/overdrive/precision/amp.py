@@ -46,7 +46,7 @@ class AmpPrecision:
         """Run ``model``'s forward under autocast and return its floating outputs in fp32."""
         if not self.policy.enabled or not self.autocast_kwargs.enabled:
             return []
-        stack: list[contextlib.AbstractContextManager] = []
+        stack: list[contextlib.AbstractContextManager | None] = []  # None: a forward without autocast
         # Decided once: these hooks run on every forward.
         kwargs: dict[str, Any] = {"device_type": self.device.type, "dtype": self.policy.compute_dtype}
         if self.autocast_kwargs.cache_enabled is not None:

@@ -16,7 +16,7 @@ import numbers
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 _GATED_METHODS = ("start", "store_init_configuration", "log", "finish")
 
@@ -263,6 +263,8 @@ def start_trackers(log_with: Iterable[Any], project_name: str, *, config: dict |
         cls = tracker_class(entry)
         if missing_packages(cls):
             continue  # already reported
+        # subclasses define their own constructors: (project_name[, logging_dir], **init_kwargs)
+        build = cast("Callable[..., GeneralTracker]", cls)
         kwargs = dict(init_kwargs.get(entry, {}))
         try:
             if cls.requires_logging_directory:
@@ -270,11 +272,11 @@ def start_trackers(log_with: Iterable[Any], project_name: str, *, config: dict |
                     problems.append(f"the {entry!r} tracker writes to a logging directory: pass "
                                     "Accelerator(project_dir=...) (or ProjectConfiguration(logging_dir=...))")
                     continue
-                tracker = cls(project_name, logging_dir, **kwargs)
+                tracker = build(project_name, logging_dir, **kwargs)
             elif getattr(cls, "uses_logging_directory", False):
-                tracker = cls(project_name, logging_dir, **kwargs)
+                tracker = build(project_name, logging_dir, **kwargs)
             else:
-                tracker = cls(project_name, **kwargs)
+                tracker = build(project_name, **kwargs)
         except (TypeError, ValueError) as exc:
             problems.append(f"could not build the {entry!r} tracker with init_kwargs {kwargs}: {exc}")
             continue

@@ -14,7 +14,7 @@ from typing import Any
 from overdrive.tracking.base import GeneralTracker, import_required
 
 
-def _numbers(values: dict[str, Any]) -> dict[str, float]:
+def _numbers(values: dict[str, Any]) -> dict[str, numbers.Number]:
     return {k: v for k, v in values.items() if isinstance(v, numbers.Number) and not isinstance(v, bool)}
 
 

@@ -30,10 +30,11 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
     """The user's module inside DDP / DeepSpeed wrappers (and torch.compile's unless kept)."""
     while True:
         inner = getattr(model, "module", None)
+        compiled = None if keep_torch_compile else getattr(model, "_orig_mod", None)
         if type(model).__name__ in _WRAPPERS and isinstance(inner, nn.Module):
             model = inner
-        elif not keep_torch_compile and isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+        elif isinstance(compiled, nn.Module):
+            model = compiled
         else:
             return model
 
