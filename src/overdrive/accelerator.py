@@ -252,7 +252,8 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
             rng_types=list(self.plan.rng_types), dispatch_batches=config.dispatch_batches,
             even_batches=config.even_batches, slice_fn_for_dispatch=slice_fn_for_dispatch,
             use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed,
-            non_blocking=config.non_blocking, gradient_state=self.gradient_state)
+            non_blocking=config.non_blocking, use_stateful_dataloader=config.use_stateful_dataloader,
+            gradient_state=self.gradient_state)
         self.prepared.dataloaders.append(prepared)
         return prepared
 

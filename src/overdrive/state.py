@@ -453,8 +453,9 @@ class GradientState:
         if dataloader in progress.dataloader_references:
             progress.dataloader_references.remove(dataloader)
         previous = progress.active_dataloader = progress.dataloader_references[-1]
-        progress.end_of_dataloader = bool(getattr(previous, "end_of_dataloader", False)) if previous else False
-        progress.remainder = getattr(previous, "remainder", -1) if previous else -1
+        # "is not None": truth-testing a loader calls len(), which a stream of unknown length refuses
+        progress.end_of_dataloader = bool(getattr(previous, "end_of_dataloader", False)) if previous is not None else False
+        progress.remainder = getattr(previous, "remainder", -1) if previous is not None else -1
 
 
 def is_initialized() -> bool:

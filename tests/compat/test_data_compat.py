@@ -1,7 +1,9 @@
 """Data-loader behaviour libraries rely on: the length of a loader after skip_first_batches, and
-use_stateful_dataloader without torchdata."""
+use_stateful_dataloader without torchdata (with it: tests/compat/test_stateful_dataloader.py)."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -25,9 +27,12 @@ def test_skip_first_batches_length_is_what_remains():
     assert len(plain) == 1 and [b[0].tolist() for b in plain] == [[16.0, 17.0, 18.0, 19.0]]
 
 
-@pytest.mark.skipif(is_torchdata_stateful_dataloader_available(), reason="torchdata is installed here")
-def test_stateful_dataloader_without_torchdata_is_a_clear_error():
+def test_stateful_dataloader_without_torchdata_is_a_clear_error(monkeypatch):
     from overdrive import Accelerator
 
+    # torchdata made unimportable for this test (it is a test dependency, so installed in CI)
+    monkeypatch.setitem(sys.modules, "torchdata", None)
+    monkeypatch.setitem(sys.modules, "torchdata.stateful_dataloader", None)
+    assert not is_torchdata_stateful_dataloader_available()
     with pytest.raises(ValueError, match=r"use_stateful_dataloader=True\) needs torchdata.*pip install"):
         Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))

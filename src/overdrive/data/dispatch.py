@@ -131,7 +131,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
                  slice_fn: Callable[..., Any] | None = None, device: torch.device | str | None = None,
                  rng_types: list[Any] | None = None, non_blocking: bool = False,
                  gradient_state: GradientState | None = None, **dataloader_kwargs: Any) -> None:
-        DataLoader.__init__(self, dataset, **dataloader_kwargs)
+        self._base.__init__(self, dataset, **dataloader_kwargs)
         _check_index(num_processes, process_index)
         if isinstance(self.batch_sampler, DispatchBatchSampler):
             shard: Any = self.batch_sampler.shard
@@ -168,7 +168,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         """Each step as the list of every process's batch (``None``: that process has none)."""
         if isinstance(self.batch_sampler, DispatchBatchSampler):
             self.batch_sampler.skip_steps, skip = skip, 0  # map-style: skip by index
-        batches: Iterator[Any] = DataLoader.__iter__(self)
+        batches: Iterator[Any] = self._base.__iter__(self)
         return itertools.islice(self._group(batches), skip, None)
 
     def _group(self, batches: Iterator[Any]) -> Iterator[list[Any]]:

@@ -103,6 +103,9 @@ class PreparedLoaderMixin:
     and implement ``_batches(skip)``, yielding ``(batch, is_last)`` from position ``skip`` of the epoch.
     """
 
+    #: the DataLoader class whose constructor and iterator the prepared loader uses (torchdata's
+    #: StatefulDataLoader in the classes :func:`stateful_loader_class` makes)
+    _base: type[DataLoader] = DataLoader
     # set by _init_prepared; declared for type checkers
     gradient_state: GradientState
     batch_sampler: Any
@@ -339,7 +342,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
     def __init__(self, dataset: Any, device: torch.device | str | None = None, rng_types: list[Any] | None = None,
                  non_blocking: bool = False, gradient_state: GradientState | None = None,
                  **dataloader_kwargs: Any) -> None:
-        DataLoader.__init__(self, dataset, **dataloader_kwargs)
+        self._base.__init__(self, dataset, **dataloader_kwargs)
         shard: Any = None
         if isinstance(self.batch_sampler, BatchSamplerShard):
             shard = self.batch_sampler
@@ -350,14 +353,14 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         self._init_prepared(shard, device, non_blocking, rng_types, gradient_state)
 
     def __len__(self) -> int:
-        full = self.dataset.num_steps() if isinstance(self.dataset, IterableDatasetShard) else DataLoader.__len__(self)
+        full = self.dataset.num_steps() if isinstance(self.dataset, IterableDatasetShard) else self._base.__len__(self)
         return self._remaining(full)
 
     def _raw_batches(self, skip: int) -> Iterator[Any]:
         by_index = isinstance(self.batch_sampler, BatchSamplerShard)
         if by_index:
             self.batch_sampler.skip_batches = skip  # skip indices, never load the skipped samples
-        raw: Iterator[Any] = DataLoader.__iter__(self)
+        raw: Iterator[Any] = self._base.__iter__(self)
         if skip and not by_index:
             raw = itertools.islice(raw, skip, None)  # iterable data: skipping means reading
         return raw
@@ -389,6 +392,24 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             self._join_remaining_gathers()
         finally:
             self.gradient_state._remove_dataloader(self)
+
+
+_STATEFUL: dict[type, type] = {}
+
+
+def stateful_loader_class(cls: type[PreparedLoaderMixin]) -> type[PreparedLoaderMixin]:
+    """``cls`` built on torchdata's ``StatefulDataLoader`` (``use_stateful_dataloader=True``): an instance is a
+    ``StatefulDataLoader`` and iterates through its iterator. Position, ``state_dict`` and resume stay the
+    prepared loader's own (exact, skipping by index), so checkpoints are the same with or without it."""
+    if cls not in _STATEFUL:
+        try:
+            from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ImportError("use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install "
+                              "torchdata (or set use_stateful_dataloader=False)") from exc
+        _STATEFUL[cls] = type(f"Stateful{cls.__name__}", (cls, StatefulDataLoader),
+                              {"_base": StatefulDataLoader, "__module__": cls.__module__})
+    return _STATEFUL[cls]
 
 
 class SkipDataLoader(DataLoader):

@@ -15,6 +15,7 @@ from overdrive.data.loader import (
     SkipDataLoader,
     loader_settings,
     seedable_batch_sampler,
+    stateful_loader_class,
 )
 from overdrive.data.sampler import (
     BatchSamplerShard,
@@ -77,13 +78,14 @@ def prepare_data_loader(
     rank 0 read everything and send each process its part. The user's loader settings (collate_fn,
     workers, pin_memory, generator, ...) are kept. Call it on every process: it may communicate.
 
-    ``use_seedable_sampler`` and ``use_stateful_dataloader`` are accepted for Accelerate compatibility;
-    the seedable sampler is always used and every prepared loader has ``state_dict``.
+    ``use_seedable_sampler`` is accepted for Accelerate compatibility: the seedable sampler is always used.
+    Every prepared loader has ``state_dict``; ``use_stateful_dataloader=True`` builds it on torchdata's
+    ``StatefulDataLoader`` (an error names the package when torchdata is missing).
 
         loader = prepare_data_loader(DataLoader(dataset, batch_size=16, shuffle=True),
                                      device=torch.device("cuda", 0), put_on_device=True)
     """
-    del use_seedable_sampler, use_stateful_dataloader  # always on, see the docstring
+    del use_seedable_sampler  # always on, see the docstring
     if isinstance(dataloader, PreparedLoaderMixin):
         return dataloader  # type: ignore[return-value]  # already prepared: sharding twice would lose data
     if dataloader.batch_sampler is None and dataloader.batch_size is None:
@@ -98,25 +100,27 @@ def prepare_data_loader(
                                   **loader_settings(dataloader))
     dispatch_args = dict(num_processes=num_processes, process_index=process_index, split_batches=split_batches,
                          slice_fn=slice_fn_for_dispatch)
+    shard_class: Any = stateful_loader_class(DataLoaderShard) if use_stateful_dataloader else DataLoaderShard
+    dispatcher: Any = stateful_loader_class(DataLoaderDispatcher) if use_stateful_dataloader else DataLoaderDispatcher
     if iterable:
         batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
         assert batch_size is not None  # an iterable dataset's batch sampler exists only with a batch size
         if dispatch:
             stream = DispatchedIterable(dataset, batch_size, drop_last, num_processes, 0, split_batches,
                                         even_batches)
-            return DataLoaderDispatcher(stream, batch_size=batch_size, drop_last=drop_last, **dispatch_args,
+            return dispatcher(stream, batch_size=batch_size, drop_last=drop_last, **dispatch_args,
                                         **common)
         shard = IterableDatasetShard(dataset, batch_size, drop_last, num_processes, process_index, split_batches,
                                      even_batches)
-        return DataLoaderShard(shard, batch_size=shard.per_process_batch_size, drop_last=drop_last, **common)
+        return shard_class(shard, batch_size=shard.per_process_batch_size, drop_last=drop_last, **common)
     # a DataLoader with a batch size builds a batch sampler; with neither it was refused above
     assert dataloader.batch_sampler is not None
     batch_sampler = seedable_batch_sampler(dataloader.batch_sampler, data_seed)
     if dispatch:
         rounds = BatchSamplerShard(batch_sampler, num_processes, 0, split_batches, even_batches)
-        return DataLoaderDispatcher(dataset, batch_sampler=DispatchBatchSampler(rounds), **dispatch_args, **common)
+        return dispatcher(dataset, batch_sampler=DispatchBatchSampler(rounds), **dispatch_args, **common)
     shard_sampler = BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
-    return DataLoaderShard(dataset, batch_sampler=shard_sampler, **common)
+    return shard_class(dataset, batch_sampler=shard_sampler, **common)
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
