@@ -1,16 +1,10 @@
-"""Compat path: DeepSpeed support lives in ``overdrive.strategies.deepspeed``; these names stay here."""
+"""Compat path: DeepSpeed support lives in ``overdrive.strategies.deepspeed``; its names are reachable here
+too, through that package's one table (imported on first use, like there)."""
 
 from __future__ import annotations
 
 from overdrive._lazy import lazy_exports
+from overdrive.strategies.deepspeed import _EXPORTS
 
-_EXPORTS = {
-    "DummyOptim": "overdrive.strategies.deepspeed.objects",
-    "DummyScheduler": "overdrive.strategies.deepspeed.objects",
-    "DeepSpeedOptimizerWrapper": "overdrive.strategies.deepspeed.objects",
-    "DeepSpeedSchedulerWrapper": "overdrive.strategies.deepspeed.objects",
-    "get_active_deepspeed_plugin": "overdrive.strategies.deepspeed.objects",
-    "import_deepspeed": "overdrive.config.deepspeed",
-}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,6 +6,7 @@ is reported at once, each naming the value given and the valid choices. One file
 - ``process``: where this process runs (``ProcessPlan``, ``resolve_process``); used by ``PartialState``
 - ``training``: everything an ``Accelerator`` does differently from plain PyTorch, one ``_resolve_*`` step
   per setting (``resolve_training``)
+- ``handlers``: the kwargs handlers sorted by kind (``split_kwargs_handlers``)
 - ``plan``: the frozen values it produces (``TrainingPlan`` and each strategy's typed settings)
 - ``parallelism``: the strategy and mesh sizes; ``deepspeed``, ``megatron``: the steps for those plugins
 
@@ -30,7 +31,7 @@ _EXPORTS = {
     "TrainingPlan": "overdrive.resolve.plan",
     "resolve_parallelism": "overdrive.resolve.parallelism",
     "resolve_training": "overdrive.resolve.training",
-    "split_kwargs_handlers": "overdrive.resolve.training",
+    "split_kwargs_handlers": "overdrive.resolve.handlers",
     "DeepSpeedSettings": "overdrive.resolve.deepspeed",
 }
 __all__ = sorted(_EXPORTS)
@@ -39,6 +40,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config
     from overdrive.resolve.deepspeed import DeepSpeedSettings
+    from overdrive.resolve.handlers import split_kwargs_handlers
     from overdrive.resolve.parallelism import resolve_parallelism
     from overdrive.resolve.plan import (
         DDPSettings,
@@ -48,4 +50,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
         TrainingPlan,
     )
     from overdrive.resolve.process import ProcessPlan, resolve_process
-    from overdrive.resolve.training import resolve_training, split_kwargs_handlers
+    from overdrive.resolve.training import resolve_training

@@ -17,13 +17,10 @@ from overdrive.config import (
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
-    DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
-    InitProcessGroupKwargs,
     ParallelismConfig,
-    ProfileKwargs,
     ProjectConfiguration,
     RNGType,
     TERecipeKwargs,
@@ -44,35 +41,6 @@ from overdrive.transforms.path import CompileSettings, ModelTransforms
 
 if TYPE_CHECKING:
     from overdrive.resolve.deepspeed import DeepSpeedSettings
-
-_HANDLER_SLOTS = {
-    DistributedDataParallelKwargs: "ddp",
-    GradScalerKwargs: "scaler",
-    AutocastKwargs: "autocast",
-    ProfileKwargs: "profile",
-    InitProcessGroupKwargs: "init",
-    AORecipeKwargs: "fp8",
-    TERecipeKwargs: "fp8",
-    ActivationCheckpointingKwargs: "checkpointing",
-}
-
-
-def split_kwargs_handlers(handlers: list[Any] | None) -> dict[str, Any]:
-    """Sort kwargs handlers by kind; a kind given twice or an unknown object is an error."""
-    found: dict[str, Any] = {}
-    for handler in handlers or []:
-        slot = _HANDLER_SLOTS.get(type(handler))
-        if slot is None:
-            valid = ", ".join(cls.__name__ for cls in _HANDLER_SLOTS)
-            raise ValueError(f"kwargs_handlers got {handler!r}, which is not one of: {valid}")
-        if slot == "fp8" and slot in found:
-            raise ValueError(f"kwargs_handlers has two fp8 recipes ({type(found[slot]).__name__} and "
-                             f"{type(handler).__name__}); give one")
-        if slot in found:
-            raise ValueError(f"kwargs_handlers has two {type(handler).__name__} objects; give one")
-        found[slot] = handler
-    return found
-
 
 def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradient_accumulation_steps: int,
                      gradient_accumulation_plugin: GradientAccumulationPlugin | None,

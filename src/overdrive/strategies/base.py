@@ -87,6 +87,25 @@ class Strategy(Protocol):
         """The optimizer pointed at the parameters the wrapped ``models`` train (sharding replaces them)."""
 
 
+class LocalGradients:
+    """The gradient half of :class:`Strategy` for strategies that need no per-backward control of gradient
+    synchronisation: ``backward`` is the precision's (the loss scaler's under fp16), ``no_sync`` and
+    ``sync_in_backward`` are contexts that do nothing. One process has nothing to synchronise; a pipeline's
+    schedule reduces at each step's end; DeepSpeed's engine is told in its own ``backward``."""
+
+    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+        """``precision.backward(loss)`` (the loss scaler's backward under fp16)."""
+        precision.backward(loss, **kwargs)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context that does nothing: there is nothing to hold back."""
+        return contextlib.nullcontext()
+
+    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context that does nothing: every backward already synchronises what it must."""
+        return contextlib.nullcontext()
+
+
 class EngineCheckpoint(Protocol):
     """A strategy's engine state inside a checkpoint folder (see ``Strategy.engine_checkpoint``)."""
 

@@ -22,15 +22,17 @@ from torch import nn
 from overdrive.config import DistributedType
 from overdrive.resolve import FSDP2Settings
 from overdrive.runtime import group as process_group
-from overdrive.strategies.base import StrategyContext
+from overdrive.strategies.base import LocalGradients, StrategyContext
 from overdrive.transforms.path import apply_model_path
 
 _META_REMEDY = (", or let rank 0 hold the weights and pass FullyShardedDataParallelPlugin("
                 "cpu_ram_efficient_loading=True) with data-parallel sharding")
 
 
-class FSDP2Strategy:
-    """FSDP2 (``fully_shard``), HSDP, tensor and context parallel over the job's mesh (see the module)."""
+class FSDP2Strategy(LocalGradients):
+    """FSDP2 (``fully_shard``), HSDP, tensor and context parallel over the job's mesh (see the module).
+    ``backward`` is the precision's (``LocalGradients``): FSDP2's hooks reduce-scatter the gradients during
+    it, unless ``no_sync`` turned that off."""
 
     name = "fsdp2"
     settings_type = FSDP2Settings
@@ -117,10 +119,6 @@ class FSDP2Strategy:
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """``objects`` as they are: each is prepared on its own."""
         return objects  # each object is prepared on its own
-
-    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
-        """``precision.backward(loss)``; FSDP2's hooks reduce-scatter the gradients during it."""
-        precision.backward(loss, **kwargs)
 
     # -- gradient synchronisation ------------------------------------------------------------------
     @contextlib.contextmanager

@@ -7,7 +7,6 @@ stages, the optimizer restricted to this rank's stages - and hands every stage t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Iterable
@@ -19,13 +18,18 @@ from torch import nn
 
 from overdrive.config import DistributedType
 from overdrive.resolve import PipelineStrategySettings
-from overdrive.strategies.base import StrategyContext, create_strategy
+from overdrive.strategies.base import LocalGradients, StrategyContext, create_strategy
 from overdrive.transforms.pipeline.model import PipelinedModel, apply_pipeline
 from overdrive.transforms.pipeline.schedule import PipelineRuntime
 
 
-class PipelineStrategy:
-    """Pipeline parallel over the mesh's ``pp`` axis; a stage strategy wraps each stage (see the module)."""
+class PipelineStrategy(LocalGradients):
+    """Pipeline parallel over the mesh's ``pp`` axis; a stage strategy wraps each stage (see the module).
+
+    Gradients (``LocalGradients``): the pipelined model's forward already ran the backward of its loss
+    (whose autograd node is then a no-op), so ``backward`` only back-propagates terms added to the loss
+    outside the model. ``no_sync`` does nothing: torch's schedules reduce gradients at the end of every
+    step, and reducing a sum of steps again is still exact (the reduction is linear)."""
 
     name = "pipeline"
     settings_type = PipelineStrategySettings
@@ -92,22 +96,6 @@ class PipelineStrategy:
         return objects  # each object is prepared on its own
 
     # -- gradients ---------------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
-        """``precision.backward(loss)``, for terms added outside the model (its forward ran the backward)."""
-        # The pipelined model's forward already ran the backward of its loss (whose autograd node is then a
-        # no-op); other terms added to the loss outside the model still back-propagate here.
-        precision.backward(loss, **kwargs)
-
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Does nothing: the schedule reduces gradients at each step's end, which stays exact."""
-        # torch's schedules reduce gradients at the end of every step; reducing a sum of steps again is
-        # still exact (the reduction is linear), so accumulation needs no special case.
-        return contextlib.nullcontext()
-
-    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """A context that does nothing (see :meth:`no_sync`)."""
-        return contextlib.nullcontext()
-
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float) -> torch.Tensor:
         """Clip by the norm of the whole model's gradient: this rank's stages' norm (reduced over their

@@ -3,7 +3,6 @@ checkpointing, compile) and nothing more."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,13 +10,13 @@ import torch
 from torch import nn
 
 from overdrive.resolve import SingleSettings
-from overdrive.strategies.base import StrategyContext
+from overdrive.strategies.base import LocalGradients, StrategyContext
 from overdrive.transforms.path import apply_model_path
 
 
-class SingleDeviceStrategy:
+class SingleDeviceStrategy(LocalGradients):
     """One process (also the base of :class:`~overdrive.strategies.ddp.DDPStrategy`): the model path
-    without a data-parallel step; gradients need no synchronisation."""
+    without a data-parallel step; gradients need no synchronisation (``LocalGradients``)."""
 
     name = "single"
     settings_type: type = SingleSettings
@@ -45,14 +44,6 @@ class SingleDeviceStrategy:
         """``model`` itself: every transform of the model path works in place."""
         return model
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """A context that does nothing: one process has nothing to synchronise."""
-        return contextlib.nullcontext()
-
-    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """A context that does nothing: one process has nothing to synchronise."""
-        return contextlib.nullcontext()
-
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over ``parameters``: every gradient is whole in this process."""
@@ -66,6 +57,3 @@ class SingleDeviceStrategy:
         """``objects`` as they are: nothing is built from several objects at once."""
         return objects  # each object is prepared on its own
 
-    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
-        """``precision.backward(loss)`` (the loss scaler's backward under fp16)."""
-        precision.backward(loss, **kwargs)

@@ -20,7 +20,6 @@ prepared last with an optimizer; to train several engines at once call each engi
 
 from __future__ import annotations
 
-import contextlib
 import math
 import weakref
 from collections.abc import Iterable
@@ -32,15 +31,16 @@ from torch.utils.data import DataLoader
 
 from overdrive.config import DistributedType
 from overdrive.resolve.deepspeed import DeepSpeedSettings
-from overdrive.strategies.base import StrategyContext
+from overdrive.strategies.base import LocalGradients, StrategyContext
 from overdrive.strategies.deepspeed.checkpoint import EngineCheckpoint, is_engine
 from overdrive.strategies.deepspeed.ds_config import engine_config
 from overdrive.transforms.path import apply_parallelism
 
 
-class DeepSpeedStrategy:
+class DeepSpeedStrategy(LocalGradients):
     """DeepSpeed ZeRO: the model, optimizer and scheduler become one engine that steps at the end of each
-    accumulation window (see the module)."""
+    accumulation window (see the module). ``no_sync`` and ``sync_in_backward`` do nothing
+    (``LocalGradients``): the engine reduces only where the window ends, as :meth:`backward` tells it."""
 
     name = "deepspeed"
     settings_type = DeepSpeedSettings
@@ -198,14 +198,6 @@ class DeepSpeedStrategy:
             # ZeRO stage 0 with a torch optimizer keeps no norm; its gradients are whole on every rank here
             self._norm = _gradient_norm(engine.module) if engine.zero_optimization_stage() == 0 else None
             engine.step()
-
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Does nothing: the engine reduces only where the window ends (see :meth:`backward`)."""
-        return contextlib.nullcontext()  # the engine reduces only where the window ends (see backward)
-
-    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """A context that does nothing: the engine is told in :meth:`backward` whether the window ends."""
-        return contextlib.nullcontext()
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float) -> torch.Tensor:
