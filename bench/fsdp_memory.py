@@ -20,7 +20,6 @@ Writes a markdown table to stdout and the numbers to bench/results/fsdp_memory.j
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from memory_harness import (  # noqa: E402 - the harness the memory benchmarks share
     MMAP_THRESHOLD,
+    add_model_arguments,
+    add_output_arguments,
     join_group,
     leave_group,
     local_bytes,
@@ -37,6 +38,7 @@ from memory_harness import (  # noqa: E402 - the harness the memory benchmarks s
     run_layout,
     timed_steps,
     transformer,
+    write_results,
 )
 
 
@@ -74,15 +76,8 @@ def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namesp
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--dim", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "fsdp_memory.json"))
+    add_model_arguments(parser)
+    add_output_arguments(parser, "fsdp_memory")
     args = parser.parse_args(argv)
 
     mb = 1 / 2**20
@@ -105,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{total * mb:.1f} | {r['setup_rss'] * mb:.0f} | {peak * mb:.0f} | {step:.3f} |")
     ddp, fsdp = (r[1]["params"] + r[1]["grads"] + r[1]["optimizer"] for r in rows)
     print(f"\nFSDP2 / DDP state per rank: {fsdp / ddp:.3f} (1/{args.world} = {1 / args.world:.3f})")
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "per_rank": everything}, indent=2))
+    write_results(args, per_rank=everything)
     return 0
 
 

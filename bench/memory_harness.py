@@ -8,6 +8,8 @@ model each rank builds before sharding) and savings do not show in RSS.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import socket
 import statistics
@@ -15,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 MMAP_THRESHOLD = "131072"
@@ -160,3 +163,27 @@ def run_layout(worker: Callable[..., None], layout: str, args: Any) -> list[dict
 def median(values: list[float]) -> float:
     """The median of ``values``."""
     return statistics.median(values)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of fsdp_memory.py and zero_memory.py: ranks, the transformer's size, the batch, the steps."""
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3)
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--timeout`` (seconds to wait for a layout's ranks) and ``--output`` (default bench/results/NAME.json)."""
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / f"{name}.json"))
+
+
+def write_results(args: argparse.Namespace, **sections: Any) -> None:
+    """Write ``{"args": ..., **sections}`` as JSON to ``args.output``."""
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), **sections}, indent=2))

@@ -28,7 +28,6 @@ Writes markdown tables to stdout and the numbers to bench/results/pipeline.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from memory_harness import MMAP_THRESHOLD  # noqa: E402
+from memory_harness import MMAP_THRESHOLD, add_output_arguments, write_results  # noqa: E402
 from memory_harness import free_port as _free_port
 from memory_harness import local_bytes as _local_bytes
 from memory_harness import rss as _rss
@@ -172,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="dim 256, 4 layers, 2 steps")
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "pipeline.json"))
+    add_output_arguments(parser, "pipeline")
     args = parser.parse_args(argv)
     if args.quick:
         args.dim, args.layers, args.steps, args.vocab = 256, 4, 2, 4096
@@ -197,9 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = " / ".join(f"{1 - r['busy_share']:.2f}" for r in per_rank)
         step = max(r["step_s"] for r in per_rank)
         print(f"| {name} | {spr} | {listed} | {measured} | {step:.3f} |")
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "layouts": layouts, "schedules": schedules}, indent=2))
+    write_results(args, layouts=layouts, schedules=schedules)
     return 0
 
 

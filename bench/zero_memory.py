@@ -26,7 +26,6 @@ Writes a markdown table to stdout and the numbers to bench/results/zero_memory.j
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -35,6 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from memory_harness import (  # noqa: E402 - the harness the memory benchmarks share (same model as fsdp_memory)
     MMAP_THRESHOLD,
+    add_model_arguments,
+    add_output_arguments,
     join_group,
     leave_group,
     peak_rss,
@@ -42,6 +43,7 @@ from memory_harness import (  # noqa: E402 - the harness the memory benchmarks s
     run_layout,
     timed_steps,
     transformer,
+    write_results,
 )
 
 LAYOUTS = ("ddp", "fsdp2", "zero2", "zero3")
@@ -103,19 +105,12 @@ def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namesp
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--dim", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=3)
+    add_model_arguments(parser)
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--deepspeed-buckets", choices=("auto", "default"), default="auto",
                         help="ZeRO bucket sizes: from the hidden size, as \"auto\" fills them (default), or "
                              "DeepSpeed's defaults (5e8 elements)")
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "zero_memory.json"))
+    add_output_arguments(parser, "zero_memory")
     args = parser.parse_args(argv)
 
     mb = 1 / 2**20
@@ -130,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {layout} | {worst['params'] * mb:.1f} | {worst['optimizer'] * mb:.1f} | "
               f"{max(r['setup_rss'] for r in per_rank) * mb:.0f} | {max(r['peak_rss'] for r in per_rank) * mb:.0f} | "
               f"{statistics.median(r['step_s'] for r in per_rank):.3f} |")
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "per_rank": everything}, indent=2))
+    write_results(args, per_rank=everything)
     return 0
 
 
