@@ -22,6 +22,7 @@ from test_parallel_helpers import accelerated_losses, make_model, reference_loss
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_activation_checkpointing_and_regional_compile_under_deepspeed_match_plain_pytorch(stage: int) -> None:
     GradientState._reset_state()
