@@ -46,26 +46,37 @@ class AmpPrecision:
         """Run ``model``'s forward under autocast and return its floating outputs in fp32."""
         if not self.policy.enabled or not self.autocast_kwargs.enabled:
             return []
-        stack: list[contextlib.AbstractContextManager | None] = []  # None: a forward without autocast
+        stack: list[Any] = []  # None: a forward without autocast; else its region
         # Decided once: these hooks run on every forward.
         kwargs: dict[str, Any] = {"device_type": self.device.type, "dtype": self.policy.compute_dtype}
         if self.autocast_kwargs.cache_enabled is not None:
             kwargs["cache_enabled"] = self.autocast_kwargs.cache_enabled
+        traced_args = (kwargs["device_type"], kwargs["dtype"], True, kwargs.get("cache_enabled"))
+        # One region object serves every outermost forward (building one costs three Python calls); a
+        # forward nested in the same model's forward gets a new one.
+        spare = torch.autocast(**kwargs)
         low = (torch.float16, torch.bfloat16)
 
         def enter(module: nn.Module, args: Any) -> None:
             if not self.active:  # native_amp = False: this forward runs in full precision
                 stack.append(None)
-                return
-            region = torch.autocast(**kwargs)
-            region.__enter__()
-            stack.append(region)
+            elif module._compiled_call_impl is not None:
+                # compiled in place: dynamo traces these hooks, and it follows autocast entered and left in
+                # two functions only in this form (an autocast object entered here fails at __exit__)
+                stack.append(torch.amp._enter_autocast(*traced_args))
+            else:
+                region = torch.autocast(**kwargs) if stack else spare
+                region.__enter__()
+                stack.append(region)
 
         def leave(module: nn.Module, args: Any, output: Any) -> Any:
             region = stack.pop()
             if region is None:
                 return output
-            region.__exit__(None, None, None)
+            if module._compiled_call_impl is not None:
+                torch.amp._exit_autocast(region)
+            else:
+                region.__exit__(None, None, None)
             if type(output) is torch.Tensor:  # the common case, without walking a structure
                 return output.float() if output.dtype in low else output
             return convert_to_fp32(output)
