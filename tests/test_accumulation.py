@@ -57,6 +57,56 @@ def test_window_state_round_trips_and_refuses_a_partial_state():
         AccumulationWindow(num_steps=0)
 
 
+def test_window_reads_the_loader_length_once_per_epoch_and_again_for_a_new_epoch_or_loader():
+    class Loader:
+        batches_yielded, length, reads = 0, 10, 0
+
+        def __len__(self) -> int:
+            self.reads += 1
+            return self.length
+
+    loader, window = Loader(), AccumulationWindow(num_steps=4)
+    for _epoch in range(2):
+        divisors = []
+        for i in range(loader.length):
+            loader.batches_yielded = i + 1
+            window.begin(loader, end_of_data=i == loader.length - 1)
+            divisors.append(window.divisor)
+        assert divisors == [4] * 8 + [2, 2]
+    assert loader.reads == 2  # once per epoch, not once per window
+    loader.length = 5  # a new epoch of another length is read afresh: 4, then a window of 1
+    divisors = []
+    for i in range(5):
+        loader.batches_yielded = i + 1
+        window.begin(loader, end_of_data=i == 4)
+        divisors.append(window.divisor)
+    assert divisors == [4, 4, 4, 4, 1] and loader.reads == 3
+    other = Loader()  # another loader: its own length
+    other.length, other.batches_yielded = 2, 1
+    window.begin(other)
+    assert window.divisor == 2 and other.reads == 1
+
+
+@pytest.mark.parametrize("steps_before", [1, 2])
+def test_accumulate_with_windows_of_one_advances_the_window_as_begin_does(steps_before: int):
+    """``accumulate`` takes a shortcut for windows of one micro-batch; it must leave the window exactly as
+    ``AccumulationWindow.begin`` leaves it (also after the length changed to 1 in the middle of a window)."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=steps_before)
+    model = accelerator.prepare(nn.Linear(2, 2))
+    reference = AccumulationWindow(num_steps=steps_before)
+    with accelerator.accumulate(model):
+        pass
+    reference.begin()
+    accelerator.gradient_accumulation_steps = 1
+    reference.set_num_steps(1)
+    for _ in range(3):
+        with accelerator.accumulate(model):
+            assert accelerator.sync_gradients
+        reference.begin()
+        assert accelerator.window.state_dict() == reference.state_dict()
+        assert accelerator.sync_gradients is reference.sync is True
+
+
 def test_gradient_state_reads_the_accelerators_window():
     accelerator = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=3,
                                                                                      sync_each_batch=True))

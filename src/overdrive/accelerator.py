@@ -23,7 +23,7 @@ from overdrive.accelerator_checkpoint import CheckpointVerbs
 from overdrive.accelerator_collectives import CollectiveVerbs
 from overdrive.accelerator_processes import ProcessSurface
 from overdrive.accelerator_surface import AccelerateSurface
-from overdrive.accumulation import AccumulationWindow
+from overdrive.accumulation import NO_CONTEXT, AccumulationWindow
 from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -122,6 +122,8 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
                                   fp8_replaced=self.fp8_replaced, plugin_selection=self.state.deepspeed_selection)
         self.strategy: Strategy = create_strategy(self.plan.strategy, context, self.plan.strategy_settings)
         self.scaler = self.precision.scaler
+        # backward() calls loss.backward() itself when neither a loss scale nor an engine takes part
+        self._loss_backward = self.scaler is None and not getattr(self.strategy, "owns_backward", True)
         #: what prepare() returned and register_for_checkpointing() added, in order
         self.prepared = PreparedObjects()
         self.flag_tensor: torch.Tensor | None = None
@@ -275,7 +277,10 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
         window = self.window
         if window.divisor > 1:
             loss = loss / window.divisor
-        self.strategy.backward(loss, self.precision, window.sync, **kwargs)
+        if self._loss_backward:  # what strategy and precision would do, without their two calls
+            loss.backward(**kwargs)
+        else:
+            self.strategy.backward(loss, self.precision, window.sync, **kwargs)
 
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager:
         """Accumulate gradients over ``gradient_accumulation_steps`` batches: gradients synchronise and
@@ -287,10 +292,17 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
             if id(model) not in prepared:
                 raise ValueError(f"accumulate() got a model that prepare() did not return: "
                                  f"{type(model).__name__}; pass the object that accelerator.prepare() gave back")
-        progress = GradientState._progress
         window = self.window
+        if window.num_steps == 1 == window.size:
+            # A window of one micro-batch, the common case: exactly what window.begin() does then, without
+            # its call (this is the hot path of every loop).
+            window.position, window.step, window.sync = 0, window.step + 1, True
+            return NO_CONTEXT
+        progress = GradientState._progress
         if window.begin(progress.active_dataloader, progress.end_of_dataloader) or window.sync_each_batch:
-            return contextlib.nullcontext()  # the common case on the hot path: nothing to enter
+            return NO_CONTEXT  # nothing to enter
+        if len(models) == 1:
+            return self.strategy.no_sync(models[0])
         stack = contextlib.ExitStack()
         for model in models:
             stack.enter_context(self.strategy.no_sync(model))

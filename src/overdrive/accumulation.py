@@ -10,7 +10,12 @@ and the checkpoints all read this one object.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
+
+#: the context of a micro-batch with nothing to enter (gradients synchronise, or one process): shared, since
+#: a ``nullcontext`` holds no state and may be entered by any number of blocks at once
+NO_CONTEXT = contextlib.nullcontext()
 
 #: the keys of :meth:`AccumulationWindow.state_dict` (the checkpoint's ``counters``)
 STATE_KEYS = ("step", "window_pos", "window_size", "loss_divisor", "num_steps")
@@ -29,7 +34,7 @@ class AccumulationWindow:
     """
 
     __slots__ = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch",
-                 "position", "size", "divisor", "sync", "step")
+                 "position", "size", "divisor", "sync", "step", "_length")
 
     def __init__(self, num_steps: int = 1, adjust_scheduler: bool = True, sync_with_dataloader: bool = True,
                  sync_each_batch: bool = False) -> None:
@@ -48,6 +53,9 @@ class AccumulationWindow:
         self.sync = True
         #: micro-batches begun since the start or the last end of a loader (``accelerator.step``)
         self.step = 0
+        # (loader, its position when its length was read, the length): len() of a prepared loader is a
+        # chain of Python calls; it does not change within an epoch, so it is read once per epoch
+        self._length: tuple[weakref.ref[Any], int, int] | None = None
 
     @classmethod
     def from_plugin(cls, plugin: Any) -> AccumulationWindow:
@@ -76,9 +84,26 @@ class AccumulationWindow:
         size = self.num_steps
         yielded = getattr(loader, "batches_yielded", None)
         if size > 1 and self.sync_with_dataloader and yielded is not None:
-            with contextlib.suppress(TypeError):  # a loader without len() (iterable dataset)
-                size = max(1, min(size, len(loader) - yielded + 1))
+            length = self._loader_length(loader, yielded)
+            if length is not None:
+                size = max(1, min(size, length - yielded + 1))
         self.size = self.divisor = size
+
+    def _loader_length(self, loader: Any, yielded: int) -> int | None:
+        """``len(loader)`` (None without one: an iterable dataset), read again only when the loader changed
+        or its position went back (a new epoch)."""
+        known = self._length
+        if known is not None and known[0]() is loader and known[1] < yielded:
+            self._length = (known[0], yielded, known[2])
+            return known[2]
+        self._length = None
+        try:
+            length = len(loader)
+        except TypeError:
+            return None
+        with contextlib.suppress(TypeError):  # (a loader that takes no weak reference is not cached)
+            self._length = (weakref.ref(loader), yielded, length)  # weak: the window must not keep a loader alive
+        return length
 
     def set_num_steps(self, num_steps: int) -> None:
         """Change the window length; the next window and the current loss divisor use it."""
@@ -92,6 +117,7 @@ class AccumulationWindow:
         self.position = self.step = 0
         self.size = self.divisor = self.num_steps
         self.sync = True
+        self._length = None
 
     def state_dict(self) -> dict[str, int]:
         """The counters a checkpoint keeps (``Stateful``)."""

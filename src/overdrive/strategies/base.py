@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from overdrive.accumulation import NO_CONTEXT
 from overdrive.config import DistributedType
 
 if TYPE_CHECKING:
@@ -55,6 +56,10 @@ class Strategy(Protocol):
     #: an engine that keeps the state of the models, optimizers and schedulers it owns in its own checkpoint
     #: format (DeepSpeed), saved into and loaded from the checkpoint folder; None for the others.
     engine_checkpoint: EngineCheckpoint | None
+    #: whether ``backward`` does more than ``precision.backward(loss)`` (DeepSpeed: the engine's backward and
+    #: step); when False and no loss scale is used, the Accelerator calls ``loss.backward()`` itself (one call
+    #: per micro-batch instead of three: it is the hot path). A strategy without the attribute counts as True.
+    owns_backward: bool
 
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """Everything given to one ``prepare()`` call, before each object is prepared on its own; returns the
@@ -93,13 +98,15 @@ class LocalGradients:
     ``sync_in_backward`` are contexts that do nothing. One process has nothing to synchronise; a pipeline's
     schedule reduces at each step's end; DeepSpeed's engine is told in its own ``backward``."""
 
+    owns_backward = False  # backward is the precision's: loss.backward(), scaled under fp16
+
     def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
         """``precision.backward(loss)`` (the loss scaler's backward under fp16)."""
         precision.backward(loss, **kwargs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context that does nothing: there is nothing to hold back."""
-        return contextlib.nullcontext()
+        return NO_CONTEXT  # (shared: it holds no state; no object is built per micro-batch)
 
     def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context that does nothing: every backward already synchronises what it must."""

@@ -42,6 +42,7 @@ class DeepSpeedStrategy(LocalGradients):
     accumulation window (see the module). ``no_sync`` and ``sync_in_backward`` do nothing
     (``LocalGradients``): the engine reduces only where the window ends, as :meth:`backward` tells it."""
 
+    owns_backward = True  # the engine's backward, which also steps at the end of a window
     name = "deepspeed"
     settings_type = DeepSpeedSettings
     distributed_type = DistributedType.DEEPSPEED
