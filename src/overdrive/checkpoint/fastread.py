@@ -96,7 +96,7 @@ def _saved_tensor(archive: _Slice) -> tuple[Any, int] | None:
             _, storage_type, key, _location, numel = pid
             dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
             keys.append(key)
-            untyped = torch.UntypedStorage(numel * torch._utils._element_size(dtype), device="meta")
+            untyped = torch.UntypedStorage(numel * dtype.itemsize, device="meta")
             return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
         unpickler = _weights_only_unpickler.Unpickler(io.BytesIO(members.read(f"{prefix}/data.pkl")),
@@ -117,7 +117,7 @@ def _saved_tensor(archive: _Slice) -> tuple[Any, int] | None:
 
 
 def _read_exactly(file: Any, offset: int, target: torch.Tensor) -> None:
-    view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
+    view = target.reshape(-1).view(torch.uint8).numpy().data  # the tensor's own memory, writable
     file.seek(offset)
     done = 0
     while done < len(view):
