@@ -34,32 +34,24 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-BATCH, STEPS, LR = 64, 100, 1e-3
+sys.path.insert(0, str(Path(__file__).parent))
+from step_loops import LR, build_accelerator_loop, fresh_model, make_data  # noqa: E402 - step_overhead's MLP and loop
+
+BATCH, STEPS = 64, 100
 MODES = {"fp32": {}, "accumulate(4)": {"gradient_accumulation_steps": 4}, "bf16": {"mixed_precision": "bf16"}}
 TARGET_CALLS, TARGET_RATIO = 10, 1.01
 
 
-def fresh_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
-def make_data() -> TensorDataset:
-    g = torch.Generator().manual_seed(1)
-    return TensorDataset(torch.randn(STEPS * BATCH, 32, generator=g), torch.randint(0, 10, (STEPS * BATCH,), generator=g))
-
-
 def plain_loop(mode: str, data: TensorDataset):
-    model = fresh_model()
+    model = fresh_model("mlp")
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     every = MODES[mode].get("gradient_accumulation_steps", 1)
     autocast = mode == "bf16"
 
-    def epoch() -> int:
+    def epoch() -> tuple[int, int]:
         for i, (x, y) in enumerate(loader, 1):
             if autocast:
                 with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -71,7 +63,7 @@ def plain_loop(mode: str, data: TensorDataset):
             if i % every == 0:
                 optimizer.step()
                 optimizer.zero_grad()
-        return i
+        return i, x.shape[0]  # as build_accelerator_loop's: (micro-batches, last batch size)
 
     return epoch
 
@@ -82,23 +74,7 @@ def overdrive_loop(mode: str, data: TensorDataset):
 
     AcceleratorState._reset_state()
     GradientState._reset_state()
-    accelerator = Accelerator(cpu=True, **MODES[mode])
-    model = fresh_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=BATCH, shuffle=True))
-
-    def epoch() -> int:
-        steps = 0
-        for x, y in loader:
-            with accelerator.accumulate(model):
-                loss = F.cross_entropy(model(x), y)
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
-            steps += 1
-        return steps
-
-    return epoch
+    return build_accelerator_loop(Accelerator(cpu=True, **MODES[mode]), "mlp", data, BATCH)[0]
 
 
 def count_calls(epoch) -> tuple[Counter, int]:
@@ -116,7 +92,7 @@ def count_calls(epoch) -> tuple[Counter, int]:
 
     sys.setprofile(profiler)
     try:
-        steps = epoch()
+        steps, _ = epoch()
     finally:
         sys.setprofile(None)
     counts["sites"] = sites  # type: ignore[assignment]
@@ -139,7 +115,7 @@ def time_pair(plain, mine, rounds: int) -> dict:
         for name in (("plain", "overdrive") if r % 2 == 0 else ("overdrive", "plain")):
             gc.collect()
             start, start_cpu = time.perf_counter(), time.process_time()
-            steps = pairs[name]()
+            steps, _ = pairs[name]()
             times[name].append((time.perf_counter() - start) / steps)
             cpu[name].append((time.process_time() - start_cpu) / steps)
     ratios = [a / b for a, b in zip(times["overdrive"], times["plain"])]
@@ -157,7 +133,7 @@ def main() -> None:
     parser.add_argument("--sites", action="store_true", help="list the extra Python calls by function")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    data = make_data()
+    data = make_data("mlp", STEPS * BATCH)
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
     commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()

@@ -41,39 +41,15 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
+
+sys.path.insert(0, str(Path(__file__).parent))
+from step_loops import LR, build_accelerator_loop, fresh_model, make_data  # noqa: E402 - shared with step_calls.py
 
 CONTENDERS = ("plain", "overdrive", "accelerate", "fabric")
-LR = 1e-3
 # workload -> (batch per process, steps per round, rounds) for a full run and for --quick
 DEFAULTS = {"mlp": ((64, 100, 30), (64, 100, 6)), "transformer": ((16, 10, 20), (16, 5, 4))}
 TARGETS = {"mlp": 1.03, "transformer": 1.01}  # overdrive / plain, from the issue
-
-
-class TinyTransformer(nn.Module):
-    """2 encoder layers, d_model 128, 4 heads, feed-forward 512, over sequences of 64 vectors."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=512, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-        self.head = nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(x).mean(dim=1))
-
-
-def fresh_model(workload: str) -> nn.Module:
-    torch.manual_seed(0)  # every contender, on every rank, starts from the same weights
-    if workload == "mlp":
-        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-    return TinyTransformer()
-
-
-def make_data(workload: str, num_samples: int) -> TensorDataset:
-    gen = torch.Generator().manual_seed(1)
-    shape = (num_samples, 32) if workload == "mlp" else (num_samples, 64, 128)
-    return TensorDataset(torch.randn(shape, generator=gen), torch.randint(0, 10, (num_samples,), generator=gen))
 
 
 # Each builder returns (run_epoch, raw_model); run_epoch() runs one epoch and returns (steps, last batch size).
@@ -103,26 +79,6 @@ def build_plain(workload, data, batch, world, rank, compiled=False):
     return run_epoch, model
 
 
-def _build_accelerator_loop(accelerator, workload, data, batch):
-    model = fresh_model(workload)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    loader = DataLoader(data, batch_size=batch, shuffle=True)
-    prepared, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-
-    def run_epoch():
-        steps = 0
-        for x, y in loader:
-            with accelerator.accumulate(prepared):
-                loss = F.cross_entropy(prepared(x), y)
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
-            steps += 1
-        return steps, len(x)
-
-    return run_epoch, model
-
-
 def build_overdrive(workload, data, batch, world, rank, compiled=False):
     from overdrive import Accelerator
     from overdrive.state import AcceleratorState, GradientState
@@ -130,7 +86,7 @@ def build_overdrive(workload, data, batch, world, rank, compiled=False):
     AcceleratorState._reset_state()  # a previous workload's Accelerator in this process
     GradientState._reset_state()
     accelerator = Accelerator(cpu=True, dynamo_backend="inductor" if compiled else None)
-    return _build_accelerator_loop(accelerator, workload, data, batch)
+    return build_accelerator_loop(accelerator, workload, data, batch)
 
 
 def build_accelerate(workload, data, batch, world, rank, compiled=False):
@@ -141,7 +97,7 @@ def build_accelerate(workload, data, batch, world, rank, compiled=False):
     GradientState._reset_state()
     # cpu=True, as `accelerate launch --cpu` sets: without it Accelerate ignores WORLD_SIZE on a machine
     # without an accelerator and each process trains alone on the whole data set.
-    return _build_accelerator_loop(Accelerator(cpu=True), workload, data, batch)
+    return build_accelerator_loop(Accelerator(cpu=True), workload, data, batch)
 
 
 def build_fabric(workload, data, batch, world, rank, compiled=False):
