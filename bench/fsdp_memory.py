@@ -26,24 +26,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from memory_harness import (  # noqa: E402 - the harness the memory benchmarks share
-    MMAP_THRESHOLD,
-    add_model_arguments,
-    add_output_arguments,
-    join_group,
-    leave_group,
-    local_bytes,
-    peak_rss,
-    rss,
-    run_layout,
-    timed_steps,
-    transformer,
-    write_results,
-)
+import memory_harness as harness  # noqa: E402 - the harness the memory benchmarks share
 
 
 def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namespace, queue: Any) -> None:
-    join_group(rank, world, port)
+    harness.join_group(rank, world, port)
     import torch
 
     from overdrive import Accelerator
@@ -51,12 +38,9 @@ def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namesp
 
     plugin = FullyShardedDataParallelPlugin() if layout == "fsdp2" else None
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
-    model = transformer(args.dim, args.layers, args.vocab)
-    num_params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    setup_rss = rss()
+    model, optimizer, num_params = harness.prepare_transformer(accelerator, args)
     counted: dict[str, int] = {}
+    local_bytes = harness.local_bytes
 
     def count(step: int) -> None:
         if step == args.steps:  # count the state at rest, gradients still held
@@ -67,30 +51,28 @@ def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namesp
                 optimizer=sum(local_bytes(v) for state in optimizer.state.values() for v in state.values()
                               if isinstance(v, torch.Tensor) and v.ndim > 0))
 
-    with peak_rss() as peak:
-        times, _ = timed_steps(accelerator, model, optimizer, args, rank, before_zero_grad=count)
-    queue.put((rank, {**counted, "num_params": num_params, "setup_rss": setup_rss, "peak_rss": peak[0],
-                      "step_s": statistics.median(times)}))
-    leave_group(accelerator)
+    measured = harness.measured_steps(accelerator, model, optimizer, args, rank, before_zero_grad=count)
+    queue.put((rank, {**counted, "num_params": num_params, **measured}))
+    harness.leave_group(accelerator)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_model_arguments(parser)
-    add_output_arguments(parser, "fsdp_memory")
+    harness.add_model_arguments(parser)
+    harness.add_output_arguments(parser, "fsdp_memory")
     args = parser.parse_args(argv)
 
     mb = 1 / 2**20
     rows, everything = [], {}
     for layout in ("ddp", "fsdp2"):
-        per_rank = run_layout(_worker, layout, args)
+        per_rank = harness.run_layout(_worker, layout, args)
         everything[layout] = per_rank
         worst = max(per_rank, key=lambda r: r["params"] + r["grads"] + r["optimizer"])
         rows.append((layout, worst, max(r["peak_rss"] for r in per_rank), statistics.median(
             r["step_s"] for r in per_rank)))
     num_params = rows[0][1]["num_params"]
     print(f"{num_params / 1e6:.1f}M parameters, AdamW, {args.world} ranks, batch {args.batch}x{args.seq} per rank, "
-          f"MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}\n")
+          f"MALLOC_MMAP_THRESHOLD_={harness.MMAP_THRESHOLD}\n")
     print("| layout | params MB | grads MB | optimizer MB | state total MB | RSS after setup MB | "
           "peak RSS in steps MB | step s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -100,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{total * mb:.1f} | {r['setup_rss'] * mb:.0f} | {peak * mb:.0f} | {step:.3f} |")
     ddp, fsdp = (r[1]["params"] + r[1]["grads"] + r[1]["optimizer"] for r in rows)
     print(f"\nFSDP2 / DDP state per rank: {fsdp / ddp:.3f} (1/{args.world} = {1 / args.world:.3f})")
-    write_results(args, per_rank=everything)
+    harness.write_results(args, per_rank=everything)
     return 0
 
 

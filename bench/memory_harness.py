@@ -125,6 +125,27 @@ def timed_steps(accelerator: Any, model: Any, optimizer: Any, args: Any, rank: i
     return times, losses
 
 
+def prepare_transformer(accelerator: Any, args: Any) -> tuple[Any, Any, int]:
+    """The transformer of ``args.dim`` / ``args.layers`` / ``args.vocab`` and an AdamW (lr 1e-4) over it,
+    prepared by ``accelerator``, and its parameter count."""
+    import torch
+
+    model = transformer(args.dim, args.layers, args.vocab)
+    num_params = sum(p.numel() for p in model.parameters())
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    return model, optimizer, num_params
+
+
+def measured_steps(accelerator: Any, model: Any, optimizer: Any, args: Any, rank: int,
+                   before_zero_grad: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """RSS now (after setup), then :func:`timed_steps` with the RSS peak sampled: ``setup_rss``,
+    ``peak_rss``, ``step_s`` (the median step) and ``losses``."""
+    setup_rss = rss()
+    with peak_rss() as peak:
+        times, losses = timed_steps(accelerator, model, optimizer, args, rank, before_zero_grad=before_zero_grad)
+    return {"setup_rss": setup_rss, "peak_rss": peak[0], "step_s": statistics.median(times), "losses": losses}
+
+
 def join_group(rank: int, world: int, port: int, **extra: str) -> None:
     """The environment torchrun would give rank ``rank`` of ``world``, and one intra-op thread."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),

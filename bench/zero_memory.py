@@ -32,19 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from memory_harness import (  # noqa: E402 - the harness the memory benchmarks share (same model as fsdp_memory)
-    MMAP_THRESHOLD,
-    add_model_arguments,
-    add_output_arguments,
-    join_group,
-    leave_group,
-    peak_rss,
-    rss,
-    run_layout,
-    timed_steps,
-    transformer,
-    write_results,
-)
+import memory_harness as harness  # noqa: E402 - the harness the memory benchmarks share (fsdp_memory's model)
 
 LAYOUTS = ("ddp", "fsdp2", "zero2", "zero3")
 
@@ -87,37 +75,29 @@ def _held_bytes(accelerator: Any, model: Any, optimizer: Any) -> dict[str, int]:
 
 
 def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namespace, queue: Any) -> None:
-    join_group(rank, world, port, DS_LOG_LEVEL="error")
-    import torch
-
+    harness.join_group(rank, world, port, DS_LOG_LEVEL="error")
     accelerator = _accelerator(layout, args)
-    model = transformer(args.dim, args.layers, args.vocab)
-    num_params = sum(p.numel() for p in model.parameters())
-    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
-    setup_rss = rss()
-    with peak_rss() as peak:
-        times, losses = timed_steps(accelerator, model, optimizer, args, rank)
-    queue.put((rank, {**_held_bytes(accelerator, model, optimizer), "num_params": num_params,
-                      "setup_rss": setup_rss, "peak_rss": peak[0], "step_s": statistics.median(times),
-                      "losses": losses}))
-    leave_group(accelerator)
+    model, optimizer, num_params = harness.prepare_transformer(accelerator, args)
+    measured = harness.measured_steps(accelerator, model, optimizer, args, rank)
+    queue.put((rank, {**_held_bytes(accelerator, model, optimizer), "num_params": num_params, **measured}))
+    harness.leave_group(accelerator)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_model_arguments(parser)
+    harness.add_model_arguments(parser)
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--deepspeed-buckets", choices=("auto", "default"), default="auto",
                         help="ZeRO bucket sizes: from the hidden size, as \"auto\" fills them (default), or "
                              "DeepSpeed's defaults (5e8 elements)")
-    add_output_arguments(parser, "zero_memory")
+    harness.add_output_arguments(parser, "zero_memory")
     args = parser.parse_args(argv)
 
     mb = 1 / 2**20
-    everything = {layout: run_layout(_worker, layout, args) for layout in args.layouts}
+    everything = {layout: harness.run_layout(_worker, layout, args) for layout in args.layouts}
     first = next(iter(everything.values()))[0]
     print(f"{first['num_params'] / 1e6:.1f}M parameters, AdamW, fp32, {args.world} ranks, batch {args.batch}x{args.seq} "
-          f"per rank, ZeRO buckets: {args.deepspeed_buckets}, MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}\n")
+          f"per rank, ZeRO buckets: {args.deepspeed_buckets}, MALLOC_MMAP_THRESHOLD_={harness.MMAP_THRESHOLD}\n")
     print("| layout | params MB | optimizer state MB | RSS after setup MB | peak RSS in steps MB | step s |")
     print("|---|---|---|---|---|---|")
     for layout, per_rank in everything.items():
@@ -125,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {layout} | {worst['params'] * mb:.1f} | {worst['optimizer'] * mb:.1f} | "
               f"{max(r['setup_rss'] for r in per_rank) * mb:.0f} | {max(r['peak_rss'] for r in per_rank) * mb:.0f} | "
               f"{statistics.median(r['step_s'] for r in per_rank):.3f} |")
-    write_results(args, per_rank=everything)
+    harness.write_results(args, per_rank=everything)
     return 0
 
 
