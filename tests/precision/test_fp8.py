@@ -15,6 +15,7 @@ from torch import nn
 pytest.importorskip("torchao.float8", reason="fp8 tests need torchao (pip install torchao)")
 pytestmark = [pytest.mark.optional]  # torchao
 
+from digits import train_step  # noqa: E402
 from overdrive import Accelerator  # noqa: E402
 from overdrive.config import AORecipeKwargs, TERecipeKwargs  # noqa: E402
 from overdrive.precision.fp8 import fp8_unavailable, installed  # noqa: E402
@@ -91,12 +92,7 @@ def train_accelerated(accelerator: Accelerator, model: nn.Module, data: list) ->
     model, optimizer = accelerator.prepare(model, optimizer)
     losses = []
     for x, y in data:
-        with accelerator.accumulate(model):
-            loss = F.mse_loss(model(x), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-        losses.append(loss.detach())
+        losses.append(train_step(accelerator, model, optimizer, x, y, F.mse_loss).detach())
     return model, losses
 
 
