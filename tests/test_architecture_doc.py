@@ -1,0 +1,60 @@
+"""ARCHITECTURE.md stays true to the code: every file or folder it names exists, and every registry line
+it quotes (``"name": "overdrive.module:Attribute"``) stands in the source and names something importable."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+PACKAGE = ROOT / "src" / "overdrive"
+
+
+def _expand(path: str) -> list[str]:
+    """``utils/{misc,random}.py`` -> ``utils/misc.py``, ``utils/random.py``."""
+    match = re.search(r"\{([^}]*)\}", path)
+    if match is None:
+        return [path]
+    return [p for part in match[1].split(",") for p in _expand(path[:match.start()] + part + path[match.end():])]
+
+
+def named_paths() -> list[str]:
+    """The paths in backticks: with a slash, or a file name with a suffix (``ARCHITECTURE.md``)."""
+    found = []
+    for token in re.findall(r"`([^`\s]+)`", DOC):
+        token = token.rstrip(",.:;")
+        if token.startswith("../") or "<" in token or "://" in token:
+            continue  # outside the repository, or a pattern (tracking/<name>.py)
+        if "/" in token or re.fullmatch(r"[\w.]+\.(py|md|toml|json|sh)", token):
+            found += _expand(token)
+    return sorted(set(found))
+
+
+def _exists(path: str) -> bool:
+    """Relative to the repository, the package or tests/; a bare name (``torchrun.py`` in the launchers'
+    row, ``pipeline/``) anywhere in the package."""
+    if any((base / path).exists() for base in (ROOT, PACKAGE, ROOT / "tests")):
+        return True
+    name = path.rstrip("/")
+    return "/" not in name and any(p.name == name for p in PACKAGE.rglob(name))
+
+
+def test_every_path_the_architecture_page_names_exists() -> None:
+    paths = named_paths()
+    assert len(paths) > 20  # the check reads the page at all
+    missing = [p for p in paths if not _exists(p)]
+    assert not missing, f"ARCHITECTURE.md names paths that do not exist: {missing}"
+
+
+def test_quoted_registry_lines_stand_in_the_source_and_import() -> None:
+    source = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
+    lines = re.findall(r'^\s*("[\w-]+": "overdrive\.[\w.]+(?::\w+)?",)', DOC, flags=re.M)
+    assert lines, "ARCHITECTURE.md quotes no registry line"
+    for line in lines:
+        assert line in source, f"ARCHITECTURE.md quotes {line}, which no registry in src/overdrive holds"
+        target = line.split('": "', 1)[1].rstrip('",')
+        module, _, attribute = target.partition(":")
+        imported = importlib.import_module(module)
+        assert not attribute or hasattr(imported, attribute), f"{target} does not exist"
