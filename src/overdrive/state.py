@@ -433,7 +433,7 @@ class GradientState:
 
     @property
     def initialized(self) -> bool:
-        """Always ``True``: the state has no set-up step (Accelerate's name, read by transformers)."""
+        """Always ``True``: this state needs no set-up step (Accelerate's name)."""
         return True
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
