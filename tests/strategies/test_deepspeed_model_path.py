@@ -16,6 +16,7 @@ from overdrive import (
     GradientState,
     TorchDynamoPlugin,
 )
+from overdrive.transforms.compile import compiled_in_place
 from test_model_path import is_checkpointed, overdrive_hooks
 from test_parallel_helpers import accelerated_losses, make_model, reference_losses, worst
 
@@ -34,8 +35,8 @@ def test_activation_checkpointing_and_regional_compile_under_deepspeed_match_pla
     assert worst(out["losses"], reference_losses(8, 3)) < 1e-5
     inner = accelerator.unwrap_model(out["model"])
     assert all(is_checkpointed(block) for block in inner.layers)
-    assert all(block._compiled_call_impl is not None for block in inner.layers)
-    assert inner._compiled_call_impl is None  # regional: the blocks, not the whole model
+    assert all(compiled_in_place(block) for block in inner.layers)
+    assert not compiled_in_place(inner)  # regional: the blocks, not the whole model
     accelerator.free_memory()
 
 
@@ -45,7 +46,7 @@ def test_whole_model_compile_under_deepspeed_and_hooks_come_off() -> None:
                               mixed_precision="bf16", dynamo_backend="eager")
     model = accelerator.prepare(make_model())
     inner = accelerator.unwrap_model(model)
-    assert inner._compiled_call_impl is not None and not any(is_checkpointed(b) for b in inner.layers)
+    assert compiled_in_place(inner) and not any(is_checkpointed(b) for b in inner.layers)
     with torch.no_grad():
         out = model(torch.zeros(2, 8, dtype=torch.long))
     assert out.dtype == torch.float32  # the engine's bf16 outputs come back in fp32 (a hook of the registry)

@@ -14,6 +14,7 @@ from overdrive import (
     TorchDynamoPlugin,
 )
 from overdrive.state import AcceleratorState
+from overdrive.transforms.compile import compiled_in_place
 from test_parallel_helpers import accelerated_losses, make_model, reference_losses, worst
 
 
@@ -58,17 +59,73 @@ def test_activation_checkpointing_and_regional_compile_on_one_process_match_plai
     assert worst(out["losses"], reference_losses(8, 3)) < 1e-5
     model = out["model"]
     assert all(is_checkpointed(block) for block in model.layers)
-    assert all(block._compiled_call_impl is not None for block in model.layers)
-    assert model._compiled_call_impl is None  # regional: the blocks, not the whole model
+    assert all(compiled_in_place(block) for block in model.layers)
+    assert not compiled_in_place(model)  # regional: the blocks, not the whole model
     assert accelerator.unwrap_model(model) is model  # compiled in place: the names and checkpoints stay
 
 
 def test_whole_model_compile_is_in_place_and_dynamo_backend_means_the_same():
     accelerator = Accelerator(cpu=True, dynamo_backend="eager")
     model = accelerator.prepare(make_model())
-    assert type(model).__name__ == "TinyTransformer" and model._compiled_call_impl is not None
+    assert type(model).__name__ == "TinyTransformer" and compiled_in_place(model)
     assert accelerator.plan.transforms.compile.backend == "eager"
     assert list(model.state_dict()) == list(make_model().state_dict())  # no "_orig_mod." prefixes
+
+
+def test_whole_model_compile_with_mixed_precision_trains_like_plain_autocast():
+    """The autocast hooks around the whole model stay outside the graph (traced, their pair used to fail:
+    'autocast' object has no attribute 'prev')."""
+    torch._dynamo.reset()
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", dynamo_backend="eager")
+    out = accelerated_losses(accelerator, 8, 3)
+    assert compiled_in_place(out["model"])
+    assert worst(out["losses"], reference_losses(8, 3, dtype=torch.bfloat16)) < 1e-5
+
+
+def test_compile_reaches_models_and_blocks_of_torchs_own_classes():
+    """torch.compile skips the frames of torch's own code: Module.compile on an nn.Sequential of torch layers
+    (or on nn.TransformerEncoderLayer blocks) used to compile nothing, silently."""
+    from torch._dynamo.utils import counters
+
+    from overdrive.transforms.compile import is_compiled
+
+    torch._dynamo.reset()
+    counters.clear()
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", dynamo_backend="eager")
+    torch.manual_seed(0)
+    model = accelerator.prepare(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)))
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    out = model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference(x)
+    assert counters["stats"]["unique_graphs"] == 1 and is_compiled(model)
+    assert out.dtype == torch.float32 and torch.equal(out, expected.float())  # the autocast hooks still apply
+    assert list(model.state_dict()) == list(reference.state_dict())
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+                                        for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    torch._dynamo.reset()
+    counters.clear()
+    regional = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="eager", use_regional_compilation=True))
+    torch.manual_seed(0)
+    encoder = regional.prepare(Encoder())
+    torch.manual_seed(0)
+    plain = Encoder()
+    y = torch.randn(2, 5, 16)
+    assert torch.allclose(encoder(y), plain(y), atol=1e-6)
+    assert counters["stats"]["unique_graphs"] >= 1 and all(is_compiled(layer) for layer in encoder.layers)
+    assert not compiled_in_place(encoder)  # regional: the blocks, not the whole model
 
 
 def test_regional_compile_time_does_not_grow_with_depth():

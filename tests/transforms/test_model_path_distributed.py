@@ -23,6 +23,7 @@ def _ddp_and_pipeline() -> dict[str, Any]:
         TorchDynamoPlugin,
     )
     from overdrive.accelerator import Accelerator
+    from overdrive.transforms.compile import compiled_in_place
     from test_model_path import is_checkpointed, overdrive_hooks
     from test_parallel_helpers import accelerated_losses, loss_fn, make_model
 
@@ -40,7 +41,7 @@ def _ddp_and_pipeline() -> dict[str, Any]:
     found["checkpointed"] = out["losses"]
     found["strategy"] = both.strategy.name
     found["applied"] = (all(is_checkpointed(b) for b in inner.layers),
-                        all(b._compiled_call_impl is not None for b in inner.layers))
+                        all(compiled_in_place(b) for b in inner.layers))
     bf16 = fresh(mixed_precision="bf16")
     model = bf16.prepare(make_model())
     found["ddp_hooks"] = (overdrive_hooks(model), overdrive_hooks(bf16.unwrap_model(model, keep_fp32_wrapper=False)))
