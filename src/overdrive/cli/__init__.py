@@ -89,15 +89,17 @@ def add_flag(group: argparse._ActionsContainer, name: str, *aliases: str, **kwar
     group.add_argument(*spellings, *aliases, dest=name, **kwargs)  # type: ignore[arg-type]
 
 
-def build_parser() -> tuple[Parser, dict[str, Parser]]:
-    """The ``overdrive`` parser and each subcommand's own parser."""
+def build_parser(only: str | None = None) -> tuple[Parser, dict[str, Parser]]:
+    """The ``overdrive`` parser and each subcommand's own parser (with ``only``: that subcommand's alone, so
+    that ``overdrive launch`` does not import and build the other seven on every start)."""
     import importlib
 
     parser = Parser(prog="overdrive", description="Launch and configure overdrive training runs.",
                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join([*_COMMANDS, *_SELF_PARSING]) + "}", parser_class=Parser)
-    for module in _COMMANDS.values():
-        importlib.import_module(module).add_parser(sub)
+    for name, module in _COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).add_parser(sub)
     sub.add_parser("plot", help="plot a run's metrics.jsonl (overdrive plot --help)", add_help=False)
     sub.add_parser("merge-weights", help="a save_state checkpoint's model as full safetensors (--help)",
                    add_help=False)
@@ -112,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         module, function = _SELF_PARSING[argv[0]]
         return int(getattr(importlib.import_module(module), function)(argv[1:]) or 0)
-    parser, commands = build_parser()
+    parser, commands = build_parser(argv[0] if argv and argv[0] in _COMMANDS else None)
     if not argv or argv[0] not in _COMMANDS:
         if argv and argv[0] in ("-h", "--help"):
             parser.print_help()

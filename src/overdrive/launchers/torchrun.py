@@ -256,6 +256,7 @@ class StderrCopier:
         self._root = Path(log_dir)
         self._interval = interval
         self._offsets: dict[Path, int] = {}
+        self._files: list[Path] = []
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="overdrive-stderr", daemon=True)
 
@@ -271,12 +272,18 @@ class StderrCopier:
             self._copy()
 
     def _loop(self) -> None:
+        rounds = 0
         while not self._done.wait(self._interval):
-            self._copy()
+            rounds += 1
+            # Looking for new files (a restart's attempt folder) walks the tree: once a second is enough;
+            # reading the known files every interval keeps the output prompt.
+            self._copy(rescan=rounds % 20 == 1)
 
-    def _copy(self) -> None:
+    def _copy(self, rescan: bool = True) -> None:
         out = getattr(sys.stderr, "buffer", None)
-        for path in sorted(self._root.glob("*/attempt_*/*/stderr.log")):
+        if rescan or not self._files:
+            self._files = sorted(self._root.glob("*/attempt_*/*/stderr.log"))
+        for path in self._files:
             offset = self._offsets.get(path, 0)
             try:
                 with open(path, "rb") as f:
