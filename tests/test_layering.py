@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("overdrive.strategies",),
     ("overdrive.checkpoint", "overdrive.big_model"),
     ("overdrive.accelerator", "overdrive.accelerator_surface", "overdrive.accelerator_processes",
-     "overdrive.accelerator_collectives", "overdrive.accelerator_checkpoint", "overdrive.local_sgd"),
+     "overdrive.accelerator_collectives", "overdrive.accelerator_checkpoint", "overdrive.accelerator_tracking",
+     "overdrive.local_sgd"),
     ("overdrive.launchers",),
     ("overdrive.cli",),
     # compat: re-exports at Accelerate's dotted paths, the old paths of moved modules, the lazy public surface

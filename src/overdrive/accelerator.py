@@ -4,7 +4,8 @@ Every method is short and calls into the objects the plan chose; none asks which
 This module holds construction, ``prepare``, the training step, tracking and memory; the class inherits
 the rest, one module per concern: ``accelerator_processes`` (device, ranks, mesh axes, process control),
 ``accelerator_collectives`` (gather, reduce, triggers), ``accelerator_checkpoint`` (``save_state``,
-``load_state``, ``save_model``, ...) and ``accelerator_surface`` (Accelerate's attribute names).
+``load_state``, ``save_model``, ...), ``accelerator_tracking`` (``init_trackers``, ``log``, ``end_training``)
+and ``accelerator_surface`` (Accelerate's attribute names).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from overdrive.accelerator_checkpoint import CheckpointVerbs
 from overdrive.accelerator_collectives import CollectiveVerbs
 from overdrive.accelerator_processes import ProcessSurface
 from overdrive.accelerator_surface import AccelerateSurface
+from overdrive.accelerator_tracking import TrackingVerbs
 from overdrive.accumulation import NO_CONTEXT, AccumulationWindow
 from overdrive.config import (
     AutocastKwargs,
@@ -50,7 +52,7 @@ from overdrive.strategies.base import StrategyContext
 from overdrive.transforms.hooks import HookRegistry
 
 
-class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSurface):
+class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerbs, AccelerateSurface):
     """Run one training loop on a CPU, one device, or many processes, with mixed precision and
     gradient accumulation::
 
@@ -340,39 +342,6 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, AccelerateSu
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """Mixed-precision autocast for code outside the prepared models' forward."""
         return self.precision.autocast(autocast_handler)
-
-    # -- experiment tracking ------------------------------------------------------------------------
-    def init_trackers(self, project_name: str, config: dict | None = None,
-                      init_kwargs: dict[str, dict] | None = None) -> None:
-        """Start the trackers named by ``log_with`` (JSONL when none is named) for ``project_name``."""
-        from overdrive.tracking import start_trackers
-
-        self.trackers = start_trackers(
-            self.plan.log_with, project_name, config=config, init_kwargs=init_kwargs or {},
-            logging_dir=self.logging_dir, process_index=self.process_index)
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The running tracker called ``name`` (its library's own object with ``unwrap=True``)."""
-        from overdrive.tracking import find_tracker
-
-        return find_tracker(getattr(self, "trackers", []), name, unwrap=unwrap)
-
-    def log(self, values: dict[str, Any], step: int | None = None,
-            log_kwargs: dict[str, dict] | None = None) -> None:
-        """Log ``values`` at ``step`` to every running tracker (on the processes each tracker logs from)."""
-        for tracker in getattr(self, "trackers", []):
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
-
-    def end_training(self) -> None:
-        """Finish every tracker (flush and close its files), wait for a checkpoint still being written in the
-        background (``save_state(async_save=True)``) and for all processes."""
-        from overdrive.checkpoint.background import wait_for_pending_save
-
-        wait_for_pending_save()
-        for tracker in getattr(self, "trackers", []):
-            tracker.finish()
-        self.trackers = []
-        self.wait_for_everyone()
 
     # -- profiling and memory -----------------------------------------------------------------------
     @contextlib.contextmanager

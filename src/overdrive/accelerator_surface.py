@@ -2,7 +2,7 @@
 
 ``Accelerator`` inherits them, so the facade keeps its own short methods: transformers reads
 ``accelerator._models``, scripts read ``native_amp``, ``ddp_handler`` and the other ``*_handler``
-attributes, ``rng_types``, ``log_with``, ``trackers``, ``project_dir`` and the data-loader settings. Each is
+attributes, ``rng_types``, ``log_with``, ``project_dir`` and the data-loader settings. Each is
 a view of the resolved plan, of the prepared-objects registry or of the Accelerator's own run settings
 (``project_configuration``, ``dataloader_config``), never a second copy.
 """
@@ -112,14 +112,6 @@ class AccelerateSurface:
         """The trackers ``log_with`` named."""
         return list(self.plan.log_with)
 
-    @property
-    def trackers(self) -> list[Any]:
-        """The running trackers: empty until ``init_trackers``."""
-        return self.__dict__.setdefault("_trackers", [])
-
-    @trackers.setter
-    def trackers(self, value: list[Any]) -> None:
-        self.__dict__["_trackers"] = list(value)
 
     # -- placement and project folders ----------------------------------------------------------------
     @property
