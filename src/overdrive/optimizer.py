@@ -39,8 +39,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's state."""
         return self.optimizer.state
 
+    # torch declares state and param_groups as attributes; the wrapper delegates them to the wrapped optimizer
     @state.setter
-    def state(self, value: Any) -> None:
+    def state(self, value: Any) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
         self.optimizer.state = value
 
     @property
@@ -49,7 +50,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self.optimizer.param_groups
 
     @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
+    def param_groups(self, value: list[dict[str, Any]]) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
         self.optimizer.param_groups = value
 
     @property
@@ -72,13 +73,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def train(self) -> None:
         """For optimizers with a train/eval mode (schedule-free); a no-op otherwise."""
-        if hasattr(self.optimizer, "train"):
-            self.optimizer.train()
+        train = getattr(self.optimizer, "train", None)
+        if train is not None:
+            train()
 
     def eval(self) -> None:
         """Put the wrapped optimizer in evaluation mode when it has one (schedule-free optimizers)."""
-        if hasattr(self.optimizer, "eval"):
-            self.optimizer.eval()
+        evaluate = getattr(self.optimizer, "eval", None)
+        if evaluate is not None:
+            evaluate()
 
     # -- the step -----------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -330,7 +330,9 @@ class AcceleratorState(PartialState):
         return getattr(self.__dict__.get("training"), "fsdp", None)
 
     @classmethod
-    def _reset_state(cls, reset_partial_state: bool = False, destroy_process_group: bool = False) -> None:
+    # Accelerate's signature, which differs from PartialState's: its callers pass reset_partial_state first
+    def _reset_state(cls, reset_partial_state: bool = False,  # pyright: ignore[reportIncompatibleMethodOverride]
+                     destroy_process_group: bool = False) -> None:
         """Forget the training settings (Accelerate's signature); with ``reset_partial_state`` the process
         state too (the process group stays unless ``destroy_process_group``; it is joined again if needed)."""
         if reset_partial_state:

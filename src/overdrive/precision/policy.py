@@ -30,8 +30,8 @@ class PrecisionPolicy:
         return self.compute_dtype is not None
 
 
-def precision_policy(name: str, device: torch.device) -> PrecisionPolicy:
-    """The policy for ``name`` on ``device``, or an error naming the value and the valid choices."""
+def precision_policy(name: str | None, device: torch.device) -> PrecisionPolicy:
+    """The policy for ``name`` on ``device`` (None: 'no'), or an error naming the value and the valid choices."""
     key = str(getattr(name, "value", name)).lower() if name is not None else "no"
     if key not in _DTYPES:
         raise ValueError(

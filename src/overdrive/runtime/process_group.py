@@ -6,6 +6,7 @@ import atexit
 import os
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,7 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
     store = dist.TCPStore(info.master_addr, info.master_port, world_size=info.world_size if is_master else None,
                           is_master=is_master, timeout=timeout, wait_for_workers=False)
     prefixed = dist.PrefixStore(f"overdrive/attempt_{info.restart_count}", store)
-    kwargs = {"device_id": device} if device.type != "cpu" else {}
+    kwargs: dict[str, Any] = {"device_id": device} if device.type != "cpu" else {}
     # torch's flight recorder keeps the last collectives (gloo too): the hang report names the one waited on.
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")
     dist.init_process_group(backend=backend, store=prefixed, rank=info.rank, world_size=info.world_size,

@@ -56,7 +56,8 @@ def is_timeout(error: BaseException | None) -> bool:
 def _last_collective() -> dict[str, Any] | None:
     """The newest entry of torch's flight recorder on this rank: {"name", "seq"}; None when it is off."""
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace
+        # private and missing from torch's stubs, present at run time (torch >= 2.5)
+        from torch._C._distributed_c10d import _dump_fr_trace  # pyright: ignore[reportAttributeAccessIssue]
 
         entries = pickle.loads(_dump_fr_trace()).get("entries") or []
     except Exception:  # noqa: BLE001 - the recorder is optional (off, or another torch version)

@@ -65,6 +65,7 @@ class Strategy(Protocol):
         """Everything given to one ``prepare()`` call, before each object is prepared on its own; returns the
         list with the objects this strategy builds together replaced (DeepSpeed: model, optimizer and
         scheduler become an engine, its optimizer and its scheduler). Identity for the others."""
+        ...
 
     def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
         """Back-propagate ``loss`` (already divided over the accumulation window): ``precision.backward``,
@@ -77,19 +78,24 @@ class Strategy(Protocol):
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever ``wrap_model`` returned."""
+        ...
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Accumulate gradients locally, without synchronising them across processes."""
+        ...
 
     def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Synchronise gradients in this backward even inside ``no_sync``."""
+        ...
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float) -> torch.Tensor:
         """Clip by the norm of the whole model's gradient (across processes) and return that norm."""
+        ...
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
         """The optimizer pointed at the parameters the wrapped ``models`` train (sharding replaces them)."""
+        ...
 
 
 class LocalGradients:
@@ -118,6 +124,7 @@ class EngineCheckpoint(Protocol):
 
     def owns(self, obj: Any) -> bool:
         """Whether the engine saves the state of ``obj`` (a prepared model, optimizer or scheduler)."""
+        ...
 
     def save(self, folder: Path, models: list[nn.Module]) -> None:
         """Write the engines' state into ``folder`` (still the temporary one); every rank calls it."""
@@ -127,6 +134,7 @@ class EngineCheckpoint(Protocol):
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """``model``'s full weights on the CPU by the user's names (rank 0 at least); every rank calls it."""
+        ...
 
 
 # name -> "module:attribute", imported on first use so unused strategies cost nothing at import.

@@ -78,7 +78,9 @@ def compress_hook(dtype: torch.dtype) -> Callable:
         group = group if group is not None else dist.group.WORLD
         buffer = bucket.buffer()
         compressed = buffer.to(dtype).div_(world_size(group))
-        future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+        work = dist.all_reduce(compressed, group=group, async_op=True)
+        assert work is not None  # async_op=True always returns the Work (torch types it Work | None)
+        future = work.get_future()
 
         def decompress(fut: torch.futures.Future) -> torch.Tensor:
             buffer.copy_(fut.value()[0])

@@ -108,7 +108,7 @@ class FSDP2Strategy(LocalGradients):
     def _current(self, param: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         entry = self._owners.get(id(param))
         owner = entry[1]() if entry is not None and entry[0]() is param else None
-        if owner is None:
+        if entry is None or owner is None:
             return param  # not from a prepared model, or already the sharded one
         new = getattr(owner, entry[2])
         if new is not param and optimizer.state.get(param):

@@ -107,7 +107,8 @@ class PipelineStrategy(LocalGradients):
 
         groups = _by_mesh([p for p in parameters if p.grad is not None])
         again = {i for m in self._models for i in counted_elsewhere(m, m.settings.ties, m.settings.pp_rank)}
-        local = total_grad_norm([p.grad for group in groups for p in group if id(p) not in again], norm_type)
+        local = total_grad_norm([grad for group in groups for p in group
+                                 if id(p) not in again and (grad := p.grad) is not None], norm_type)
         total = combine_norms(local.to(self.device), float(norm_type), self.settings.pp_group)
         with implicit_replication():
             for group in groups:

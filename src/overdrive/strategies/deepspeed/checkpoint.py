@@ -12,7 +12,7 @@ checkpoints hold, so a file that would run other code is refused unless ``allow_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from torch import nn
 
@@ -27,7 +27,19 @@ KNOWN_GLOBALS = frozenset({
 })
 
 
-def is_engine(obj: Any) -> bool:
+if TYPE_CHECKING:
+    class DeepSpeedEngine(nn.Module):
+        """What overdrive calls on ``deepspeed.runtime.engine.DeepSpeedEngine`` (an optional, untyped package)."""
+
+        module: nn.Module
+
+        def save_checkpoint(self, save_dir: str, tag: str | None = None, **kwargs: Any) -> Any: ...
+        def load_checkpoint(self, load_dir: str, tag: str | None = None, **kwargs: Any) -> tuple[Any, Any]: ...
+        def zero_optimization_partition_weights(self) -> bool: ...
+        def _zero3_consolidated_16bit_state_dict(self) -> dict[str, Any] | None: ...
+
+
+def is_engine(obj: Any) -> TypeGuard[DeepSpeedEngine]:
     """Whether ``obj`` is a DeepSpeed engine (without importing DeepSpeed when it is not loaded)."""
     import sys
 
@@ -76,6 +88,7 @@ class EngineCheckpoint:
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The engine's full weights on the CPU by the user's names; under ZeRO-3 gathered one module at a time
         to rank 0 (other ranks get an empty dict). Weights keep the engine's dtype (bf16 under bf16)."""
+        assert is_engine(model)  # the caller asked owns(model) first
         if model.zero_optimization_partition_weights():
             return model._zero3_consolidated_16bit_state_dict() or {}
         return {name: tensor.detach().cpu() for name, tensor in model.module.state_dict().items()}

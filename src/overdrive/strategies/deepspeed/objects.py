@@ -99,7 +99,7 @@ class DeepSpeedSchedulerWrapper(torch.optim.lr_scheduler.LRScheduler):
     def step(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         return None
 
-    def get_last_lr(self) -> list[float]:
+    def get_last_lr(self) -> list[float | torch.Tensor]:
         if hasattr(self.scheduler, "get_last_lr"):
             return list(self.scheduler.get_last_lr())
         return [group["lr"] for group in self.optimizer.param_groups]

@@ -162,7 +162,9 @@ class DeepSpeedStrategy(LocalGradients):
         if self.device.type == "cpu":
             from deepspeed.accelerator import get_accelerator, set_accelerator
 
-            if get_accelerator().device_name() != "cpu":  # Accelerator(cpu=True) on a machine with a GPU
+            current = get_accelerator()
+            assert current is not None  # it sets one when none is (DeepSpeed's module default is None)
+            if current.device_name() != "cpu":  # Accelerator(cpu=True) on a machine with a GPU
                 from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
                 set_accelerator(CPU_Accelerator())
@@ -295,8 +297,9 @@ def _gradient_norm(module: nn.Module) -> torch.Tensor | None:
 def _hidden_size(model: nn.Module) -> int | None:
     config = getattr(model, "config", None)
     size = getattr(config, "hidden_size", None)
-    if size is None and getattr(config, "hidden_sizes", None):
-        size = max(config.hidden_sizes)
+    sizes = getattr(config, "hidden_sizes", None)
+    if size is None and sizes:
+        size = max(sizes)
     return size if isinstance(size, int) else None
 
 
