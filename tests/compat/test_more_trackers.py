@@ -1,5 +1,6 @@
 """Comet, ClearML, DVCLive, Trackio, SwanLab: registered under Accelerate's names; without their libraries
-(none installs offline here) asking for one is a clear error at Accelerator()."""
+asking for one is a clear error at Accelerator() (checked for those not installed: dvclive in the test
+install; the others run offline in tests/tracking/test_offline_trackers.py)."""
 
 from __future__ import annotations
 

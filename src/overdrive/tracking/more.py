@@ -47,12 +47,15 @@ class CometMLTracker(_Run):
         self.run.log_parameters(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        # as Accelerate: numbers are metrics at ``step``, strings "others", a dict a group of metrics
+        if step is not None:
+            self.run.set_step(step)
         for key, value in values.items():
             if isinstance(value, dict):
-                self.run.log_metrics(value, step=step, prefix=key, **kwargs)
+                self.run.log_metrics(value, step=step, **kwargs)
             elif isinstance(value, str):
-                self.run.log_other(key, value)
-            else:
+                self.run.log_other(key, value, **kwargs)
+            elif isinstance(value, numbers.Number):
                 self.run.log_metric(key, value, step=step, **kwargs)
 
     def finish(self) -> None:
@@ -62,32 +65,48 @@ class CometMLTracker(_Run):
 
 
 class ClearMLTracker(_Run):
-    """A ClearML task in project ``run_name`` (``Task.init``); scalars go to the task's logger."""
+    """A ClearML task named ``run_name`` in project ``run_name`` (``Task.init``), or the task already running
+    in this process (then left open at the end). Scalars go to the task's logger as Accelerate sends them:
+    ``eval_x`` / ``test_x`` / ``train_x`` become series ``eval`` / ``test`` / ``train`` of plot ``x``, other names
+    series ``train``; without a step, a single value. ``CLEARML_OFFLINE_MODE=1`` keeps everything local."""
 
     name = "clearml"
     required_packages = (("clearml", "clearml"),)
 
     def start(self) -> None:
         clearml = import_required("clearml", "clearml", self.name)
+        self.external = clearml.Task.current_task() is not None
+        if self.external:
+            self.run = clearml.Task.current_task()
+            return
+        self.init_kwargs.setdefault("project_name", self.run_name)
         self.init_kwargs.setdefault("task_name", self.run_name)
-        self.run = clearml.Task.init(project_name=self.run_name, **self.init_kwargs)
+        self.run = clearml.Task.init(**self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.run.connect_configuration(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         logger = self.run.get_logger()
-        for key, value in values.items():
-            if isinstance(value, str):
-                logger.report_text(f"{key}: {value}", **kwargs)
-            elif isinstance(value, numbers.Number):
-                title, _, series = key.partition("/")
-                logger.report_scalar(title=title, series=series or title, value=value, iteration=step or 0, **kwargs)
+        for key, value in _numbers(values).items():  # (other values are not scalars: dropped, as Accelerate)
+            if step is None:
+                logger.report_single_value(name=key, value=value, **kwargs)
+            else:
+                title, series = _title_series(key)
+                logger.report_scalar(title=title, series=series, value=value, iteration=step, **kwargs)
 
     def finish(self) -> None:
-        if self.run is not None:
+        if self.run is not None and not getattr(self, "external", False):
             self.run.close()
-            self.run = None
+        self.run = None
+
+
+def _title_series(key: str) -> tuple[str, str]:
+    """ClearML's (plot title, series) for a metric name, as Accelerate maps it."""
+    for prefix in ("eval", "test", "train"):
+        if key.startswith(prefix + "_"):
+            return key[len(prefix) + 1:], prefix
+    return key, "train"
 
 
 class DVCLiveTracker(_Run):
@@ -97,12 +116,17 @@ class DVCLiveTracker(_Run):
     uses_logging_directory = True
     required_packages = (("dvclive", "dvclive"),)
 
-    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **init_kwargs: Any) -> None:
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, live: Any = None,
+                 **init_kwargs: Any) -> None:
         super().__init__(run_name, **init_kwargs)
+        self.live = live  # a ``Live`` the caller made (Accelerate's ``live=``): used instead of a new one
         if logging_dir is not None:
             self.init_kwargs.setdefault("dir", os.path.join(os.fspath(logging_dir), "dvclive"))
 
     def start(self) -> None:
+        if self.live is not None:
+            self.run = self.live
+            return
         dvclive = import_required("dvclive", "dvclive", self.name)
         self.run = dvclive.Live(**self.init_kwargs)
 
@@ -135,10 +159,10 @@ class TrackioTracker(_Run):
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         import trackio  # type: ignore[import-not-found]
 
-        trackio.config.update(values, allow_val_change=True)
+        trackio.config.update(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, **kwargs)
+        self.run.log(values, step=step, **kwargs)
 
     def finish(self) -> None:
         if self.run is not None:
@@ -159,7 +183,7 @@ class SwanLabTracker(_Run):
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         import swanlab  # type: ignore[import-not-found]
 
-        swanlab.config.update(values)
+        swanlab.config.update(values, allow_val_change=True)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.run.log(values, step=step, **kwargs)
