@@ -1,5 +1,6 @@
 """Accelerate's ``accelerate.inference`` names, from :mod:`overdrive.big_model.pippy` (re-exports only)."""
 
 from overdrive.big_model.pippy import find_pippy_batch_size, generate_device_map, prepare_pippy
+from overdrive.compat.refusals import build_pipeline, pippy_forward  # type: ignore[attr-defined]
 
-__all__ = ["prepare_pippy", "find_pippy_batch_size", "generate_device_map"]
+__all__ = ["prepare_pippy", "find_pippy_batch_size", "generate_device_map", "build_pipeline", "pippy_forward"]

@@ -65,6 +65,10 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
                                   "use ParallelismConfig(tp_size=...)"),
     "copy_tensor_to_devices": ("function", "it exists for XLA devices, which overdrive does not support",
                                "use broadcast(tensor)"),
+    # the two steps inside Accelerate's prepare_pippy (build the stage, run its schedule): one call here
+    **dict.fromkeys(("build_pipeline", "pippy_forward"),
+                    ("function", "overdrive builds and runs the pipeline stage inside prepare_pippy",
+                     "use prepare_pippy(model, split_points=..., example_args=...) and call the model it returns")),
     # Accelerate's checkpoint internals
     **dict.fromkeys(("save_accelerator_state", "load_accelerator_state", "save_custom_state", "load_custom_state"),
                     ("function", "overdrive's checkpoints are written by its own checkpoint package",
