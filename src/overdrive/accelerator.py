@@ -1,7 +1,7 @@
 """The ``Accelerator`` facade: Accelerate's verbs over a resolved plan, a strategy and a precision.
 
 Every method is short and calls into the objects the plan chose; none asks which strategy is in use.
-This module holds construction, ``prepare``, the training step, tracking and memory; the class inherits
+This module holds construction, ``prepare``, the training step, profiling and memory; the class inherits
 the rest, one module per concern: ``accelerator_processes`` (device, ranks, mesh axes, process control),
 ``accelerator_collectives`` (gather, reduce, triggers), ``accelerator_checkpoint`` (``save_state``,
 ``load_state``, ``save_model``, ...), ``accelerator_tracking`` (``init_trackers``, ``log``, ``end_training``)
