@@ -94,3 +94,45 @@ def test_launch_as_accelerate_aliases_and_exports_in_every_worker(tmp_path):
 def test_as_accelerate_refuses_a_program(tmp_path):
     result = overdrive("launch", "--as_accelerate", "--no_python", "true", env=clean_env(tmp_path), cwd=tmp_path)
     assert result.returncode == 2 and "--as_accelerate needs a python script or module" in result.stderr
+
+
+def test_rarer_variables_read_checked_and_exported(tmp_path):
+    settings = settings_from_environment({
+        "ACCELERATE_TORCH_DEVICE": "cpu:0", "ACCELERATE_USE_MEGATRON_LM": "true", "ACCELERATE_CPU_AFFINITY": "1",
+        "ACCELERATE_USE_PARALLELISM_CONFIG": "false", "PARALLELISM_CONFIG_TP_SIZE": "2",  # switched off: ignored
+        "ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "ao"})
+    assert settings == {"torch_device": "cpu:0", "distributed_type": "MEGATRON_LM", "cpu_affinity": True,
+                        "mixed_precision": "fp8", "fp8_config": {"backend": "AO"}}
+    # the fp8 back end means something only with fp8 mixed precision (as in Accelerate)
+    assert settings_from_environment({"ACCELERATE_FP8_BACKEND": "TE"}) == {}
+    with pytest.raises(ValueError) as info:
+        settings_from_environment({"ACCELERATE_TORCH_DEVICE": "gpu7", "ACCELERATE_USE_MEGATRON_LM": "sure",
+                                   "ACCELERATE_FP8_BACKEND": "fp4", "ACCELERATE_CPU_AFFINITY": "2",
+                                   "ACCELERATE_USE_PARALLELISM_CONFIG": "?"})
+    text = str(info.value)
+    for name in ("ACCELERATE_TORCH_DEVICE='gpu7' is not a torch device", "ACCELERATE_USE_MEGATRON_LM='sure'",
+                 "ACCELERATE_FP8_BACKEND='fp4' is not valid; choose one of AO, TE, MSAMP",
+                 "ACCELERATE_CPU_AFFINITY='2'", "ACCELERATE_USE_PARALLELISM_CONFIG='?'"):
+        assert name in text
+    with pytest.raises(ValueError, match="ACCELERATE_USE_MEGATRON_LM and ACCELERATE_USE_DEEPSPEED are both set"):
+        settings_from_environment({"ACCELERATE_USE_MEGATRON_LM": "1", "ACCELERATE_USE_DEEPSPEED": "1"})
+
+    variables = variables_for_workers({"distributed_type": "MEGATRON_LM", "torch_device": "cpu", "cpu_affinity": True,
+                                       "parallelism_config": {"parallelism_config_tp_size": 2},
+                                       "mixed_precision": "fp8", "fp8_config": {"backend": "AO"}})
+    assert {k: variables[k] for k in ("ACCELERATE_USE_MEGATRON_LM", "ACCELERATE_TORCH_DEVICE",
+                                      "ACCELERATE_CPU_AFFINITY", "ACCELERATE_USE_PARALLELISM_CONFIG",
+                                      "ACCELERATE_FP8_BACKEND", "PARALLELISM_CONFIG_TP_SIZE")} == {
+        "ACCELERATE_USE_MEGATRON_LM": "true", "ACCELERATE_TORCH_DEVICE": "cpu", "ACCELERATE_CPU_AFFINITY": "true",
+        "ACCELERATE_USE_PARALLELISM_CONFIG": "true", "ACCELERATE_FP8_BACKEND": "AO", "PARALLELISM_CONFIG_TP_SIZE": "2"}
+
+    # the Accelerator runs on the device the variable names
+    code = """
+        from overdrive import Accelerator
+        print(Accelerator().device)
+    """
+    placed = _run(code, clean_env(tmp_path, ACCELERATE_TORCH_DEVICE="cpu:0"))
+    assert placed.returncode == 0, placed.stderr
+    assert placed.stdout.splitlines()[-1] == "cpu:0"
+    bad = _run(code, clean_env(tmp_path, ACCELERATE_TORCH_DEVICE="gpu7"))
+    assert bad.returncode != 0 and "ACCELERATE_TORCH_DEVICE='gpu7' is not a torch device" in bad.stderr

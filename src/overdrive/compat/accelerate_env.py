@@ -64,6 +64,15 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+def _device(name: str, raw: str) -> str:
+    import torch
+
+    try:
+        return str(torch.device(raw.strip()))
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{name}={raw!r} is not a torch device; use e.g. cpu, cuda, cuda:1, xpu:0") from None
+
+
 _OFFLOAD = _choice("none", "cpu", "nvme")
 
 #: variable -> (section of the launch config or None for the top level, key, parser)
@@ -105,6 +114,12 @@ VARIABLES: dict[str, tuple[str | None, str, Callable[[str, str], Any]]] = {
     "ACCELERATE_DEEPSPEED_ZERO3_INIT": ("deepspeed_config", "zero3_init_flag", _bool),
     "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": ("deepspeed_config", "zero3_save_16bit_model", _bool),
     "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES": ("deepspeed_config", "deepspeed_moe_layer_cls_names", _text),
+    # rarer ones: Accelerate's launcher sets them, its state / plugins read them
+    "ACCELERATE_TORCH_DEVICE": (None, "torch_device", _device),
+    "ACCELERATE_USE_MEGATRON_LM": (None, "use_megatron_lm", _bool),
+    "ACCELERATE_USE_PARALLELISM_CONFIG": (None, "use_parallelism_config", _bool),
+    "ACCELERATE_CPU_AFFINITY": (None, "cpu_affinity", _bool),
+    "ACCELERATE_FP8_BACKEND": ("fp8_config", "backend", _choice("AO", "TE", "MSAMP", lower=False)),
     "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": ("parallelism_config", "parallelism_config_dp_replicate_size", _int(1)),
     "PARALLELISM_CONFIG_DP_SHARD_SIZE": ("parallelism_config", "parallelism_config_dp_shard_size", _int(-1)),
     "PARALLELISM_CONFIG_TP_SIZE": ("parallelism_config", "parallelism_config_tp_size", _int(1)),
@@ -135,6 +150,15 @@ def settings_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         if settings.get("distributed_type") == "FSDP":
             raise ValueError("ACCELERATE_USE_FSDP and ACCELERATE_USE_DEEPSPEED are both set; choose one")
         settings["distributed_type"] = "DEEPSPEED"
+    if settings.pop("use_megatron_lm", False):
+        if settings.get("distributed_type") in ("FSDP", "DEEPSPEED"):
+            raise ValueError(f"ACCELERATE_USE_MEGATRON_LM and ACCELERATE_USE_{settings['distributed_type']} are both "
+                             "set; choose one")
+        settings["distributed_type"] = "MEGATRON_LM"
+    if "use_parallelism_config" in settings and not settings.pop("use_parallelism_config"):
+        settings.pop("parallelism_config", None)  # switched off: Accelerate ignores PARALLELISM_CONFIG_*
+    if settings.get("mixed_precision") != "fp8":
+        settings.pop("fp8_config", None)  # Accelerate reads the fp8 back end only with fp8 mixed precision
     for section, kind in (("fsdp_config", "FSDP"), ("deepspeed_config", "DEEPSPEED")):
         if section in settings and settings.get("distributed_type") != kind:
             del settings[section]  # Accelerate reads these only when the strategy is switched on
@@ -154,14 +178,15 @@ def variables_for_workers(worker_config: Mapping[str, Any]) -> dict[str, str]:
         if name is not None and value is not None:
             out[name] = str(value).lower() if isinstance(value, bool) else str(value)
 
-    for key in ("mixed_precision", "cpu", "gradient_accumulation_steps", "debug", "downcast_bf16"):
+    for key in ("mixed_precision", "cpu", "gradient_accumulation_steps", "debug", "downcast_bf16",
+                "torch_device", "cpu_affinity"):
         put(None, key, worker_config.get(key))
     kind = str(worker_config.get("distributed_type") or "").upper()
-    if kind == "FSDP":
-        out["ACCELERATE_USE_FSDP"] = "true"
-    if kind == "DEEPSPEED":
-        out["ACCELERATE_USE_DEEPSPEED"] = "true"
-    for section in ("fsdp_config", "deepspeed_config", "dynamo_config", "parallelism_config"):
+    if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        out[f"ACCELERATE_USE_{kind}"] = "true"
+    if worker_config.get("parallelism_config"):
+        out["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+    for section in ("fsdp_config", "deepspeed_config", "dynamo_config", "parallelism_config", "fp8_config"):
         for key, value in (worker_config.get(section) or {}).items():
             put(section, key, value)
     backend = worker_config.get("dynamo_backend")

@@ -55,6 +55,8 @@ def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | Non
     launched = launch_config()
     info = detect_process_info()
     device = select_device(info.local_rank, cpu=cpu or bool(launched.get("cpu", False)))
+    if launched.get("torch_device") and not cpu:  # ACCELERATE_TORCH_DEVICE: Accelerate's explicit device
+        device = torch.device(launched["torch_device"])
     init_kwargs = init_kwargs or InitProcessGroupKwargs()
     backend = init_kwargs.backend or (backend_for(device) if info.is_distributed else None)
     debug = bool(launched.get("debug", False)) or os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
