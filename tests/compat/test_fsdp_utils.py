@@ -38,7 +38,7 @@ def test_model_and_optimizer_round_trip_and_merge(tmp_path):
         assert torch.equal(a, b)
     for key in ("exp_avg", "exp_avg_sq"):
         assert torch.equal(optimizer.state_dict()["state"][0][key], fresh_optimizer.state_dict()["state"][0][key])
-    merge_fsdp_weights(tmp_path / "pytorch_model_fsdp", tmp_path / "merged")
+    merge_fsdp_weights(tmp_path / "pytorch_model_fsdp_0", tmp_path / "merged")
     merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
     assert set(merged) == set(model.state_dict())
     assert all(torch.equal(merged[k], v) for k, v in model.state_dict().items())

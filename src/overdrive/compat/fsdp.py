@@ -1,5 +1,6 @@
 """``save_fsdp_model`` / ``load_fsdp_model`` / ``save_fsdp_optimizer`` / ``load_fsdp_optimizer`` /
-``merge_fsdp_weights`` with Accelerate's signatures, over ``torch.distributed.checkpoint``.
+``merge_fsdp_weights`` with Accelerate's signatures, over the checkpoint package's one-folder DCP save and
+load (:mod:`overdrive.checkpoint.folder`: published atomically, read safely, a failed load changes nothing).
 
 Each process writes and reads its own shards (any model: FSDP2, DDP or plain), so a folder written at
 one world size loads at another. ``merge_fsdp_weights`` is overdrive's ``merge-weights``.
@@ -18,7 +19,15 @@ from overdrive.compat.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 
 
 def _folder(root: str | os.PathLike, stem: str, index: int) -> Path:
-    return Path(root) / (stem if index == 0 else f"{stem}_{index}")
+    """Accelerate's sharded folder, ``<root>/<stem>_<index>``; ``root`` may name that folder itself (as
+    Accelerate accepts), and ``<root>/<stem>`` (what overdrive wrote before) is read when it is the one there."""
+    name = f"{stem}_{index}"
+    root = Path(root)
+    if root.name == name:
+        return root
+    if index == 0 and not (root / name).exists() and (root / stem / ".metadata").is_file():
+        return root / stem
+    return root / name
 
 
 def _options() -> Any:
@@ -33,21 +42,29 @@ def _inner(model: nn.Module) -> nn.Module:
 
 def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: nn.Module, output_dir: str | os.PathLike,
                     model_index: int = 0, adapter_only: bool = False) -> None:
-    """Write ``model``'s (sharded) state to ``output_dir/pytorch_model_fsdp[_<index>]``; call on every process."""
-    import torch.distributed.checkpoint as dcp
+    """Write ``model``'s (sharded) state to ``output_dir/pytorch_model_fsdp[_<index>]``; call on every process.
+    The folder appears only once every process wrote its part (an older one is replaced then)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from overdrive.checkpoint.folder import save_folder
 
     state = get_model_state_dict(_inner(model), options=_options())
     if adapter_only:
-        state = {k: v for k, v in state.items() if "lora_" in k or "adapter" in k}
-    dcp.save({"model": state}, checkpoint_id=str(_folder(output_dir, FSDP_MODEL_NAME, model_index)))
+        state = _adapters(state)
+    save_folder({"model": state}, _folder(output_dir, FSDP_MODEL_NAME, model_index), "save_fsdp_model")
 
 
 def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: nn.Module, input_dir: str | os.PathLike,
                     model_index: int = 0, adapter_only: bool = False) -> None:
-    """Read what ``save_fsdp_model`` wrote into ``model`` (at this or another number of processes)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    """Read what ``save_fsdp_model`` wrote into ``model`` (at this or another number of processes); a read
+    that fails leaves ``model`` as it was."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    from overdrive.checkpoint.folder import load_folder
 
     folder = _folder(input_dir, FSDP_MODEL_NAME, model_index)
     if not folder.is_dir():
@@ -55,39 +72,42 @@ def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: nn.Module, input_
     inner = _inner(model)
     state = get_model_state_dict(inner, options=_options())
     if adapter_only:
-        state = {k: v for k, v in state.items() if "lora_" in k or "adapter" in k}
-    wrapped = {"model": state}
-    dcp.load(wrapped, checkpoint_id=str(folder))
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    set_model_state_dict(inner, wrapped["model"], options=StateDictOptions(strict=not adapter_only))
+        state = _adapters(state)
+    loaded = load_folder({"model": state}, folder, what="load_fsdp_model")
+    set_model_state_dict(inner, loaded["model"], options=StateDictOptions(strict=not adapter_only))
 
 
 def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: nn.Module,
                         output_dir: str | os.PathLike, optimizer_index: int = 0) -> None:
     """Write ``optimizer``'s (sharded) state to ``output_dir/optimizer[_<index>]``; call on every process."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from overdrive.checkpoint.folder import save_folder
 
     inner_optimizer = getattr(optimizer, "optimizer", optimizer)
     state = get_optimizer_state_dict(_inner(model), inner_optimizer, options=_options())
-    dcp.save({"optimizer": state}, checkpoint_id=str(_folder(output_dir, OPTIMIZER_NAME, optimizer_index)))
+    save_folder({"optimizer": state}, _folder(output_dir, OPTIMIZER_NAME, optimizer_index), "save_fsdp_optimizer")
 
 
 def load_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: nn.Module,
                         input_dir: str | os.PathLike, optimizer_index: int = 0, adapter_only: bool = False) -> None:
-    """Read what ``save_fsdp_optimizer`` wrote into ``optimizer``."""
-    import torch.distributed.checkpoint as dcp
+    """Read what ``save_fsdp_optimizer`` wrote into ``optimizer``; a read that fails leaves it as it was."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    from overdrive.checkpoint.folder import load_folder
 
     folder = _folder(input_dir, OPTIMIZER_NAME, optimizer_index)
     if not folder.is_dir():
         raise FileNotFoundError(f"no FSDP optimizer checkpoint at {folder}; write one with save_fsdp_optimizer")
     inner_optimizer = getattr(optimizer, "optimizer", optimizer)
     inner = _inner(model)
-    wrapped = {"optimizer": get_optimizer_state_dict(inner, inner_optimizer, options=_options())}
-    dcp.load(wrapped, checkpoint_id=str(folder))
-    set_optimizer_state_dict(inner, inner_optimizer, wrapped["optimizer"], options=_options())
+    state = {"optimizer": get_optimizer_state_dict(inner, inner_optimizer, options=_options())}
+    loaded = load_folder(state, folder, what="load_fsdp_optimizer")
+    set_optimizer_state_dict(inner, inner_optimizer, loaded["optimizer"], options=_options())
+
+
+def _adapters(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if "lora_" in k or "adapter" in k}
 
 
 def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.PathLike,
@@ -112,6 +132,8 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
         state = torch.load(scratch, weights_only=True)
         scratch.unlink()
         weights = state.get("model", state)
+        if weights and all(key.startswith("model.") for key in weights):  # written flat by save_fsdp_model
+            weights = {key[len("model."):]: value for key, value in weights.items()}
         if safe_serialization:
             from safetensors.torch import save_file
 
