@@ -51,14 +51,18 @@ def run_one(tmp_path: Path, name: str, *flags: str) -> dict:
     return _result(out, proc)
 
 
-def run_two(tmp_path: Path, name: str, *flags: str, overdrive: bool) -> dict:
-    """Two processes: ``overdrive launch --as_accelerate`` or torchrun with the real Accelerate."""
+def run_two(tmp_path: Path, name: str, *flags: str, overdrive: bool, processes: int = 2,
+            as_accelerate: bool = True) -> dict:
+    """``processes`` processes: ``overdrive launch`` (``--as_accelerate``, or the script's own alias call with
+    ``--alias``) or torchrun with the real Accelerate."""
     out = tmp_path / name
     if overdrive:
-        command = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", "2", "--as_accelerate",
+        command = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
+                   *(["--as_accelerate"] if as_accelerate else []),
                    *(["--mixed_precision", "bf16"] if "--bf16" in flags else []), SCRIPT, str(out), *flags]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", SCRIPT, str(out), *flags]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), SCRIPT,
+                   str(out), *flags]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=420, env=_env(tmp_path), cwd=tmp_path)
     return _result(out, proc)
 
@@ -98,6 +102,25 @@ def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(tmp_
     assert ours["num_processes"] == 2 and ours["mixed_precision"] == "bf16"
     check_run(ours)
     assert_close(ours["losses"], theirs["losses"], 2e-2)  # bf16 autocast on both sides
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(1200)
+def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_call(tmp_path):
+    """BERT in bf16: 1 process through ``overdrive launch --as_accelerate``, and 2 processes through
+    ``overdrive launch`` whose script calls ``install_as_accelerate()`` itself; each against the real Accelerate."""
+    one = run_two(tmp_path, "one", "--model", "bert", "--bf16", overdrive=True, processes=1)
+    one_ref = run_one(tmp_path, "one_ref", "--model", "bert", "--bf16")
+    assert one["num_processes"] == 1 and one["mixed_precision"] == "bf16" and one_ref["library"] == "accelerate"
+    check_run(one)
+    assert_close(one["losses"], one_ref["losses"], 2e-2)
+    two = run_two(tmp_path, "two", "--model", "bert", "--bf16", "--alias", overdrive=True, as_accelerate=False)
+    two_ref = run_two(tmp_path, "two_ref", "--model", "bert", "--bf16", overdrive=False)
+    assert two["num_processes"] == 2 and two["mixed_precision"] == "bf16" and two_ref["num_processes"] == 2
+    check_run(two)
+    assert_close(two["losses"], two_ref["losses"], 2e-2)
+    assert abs(two["eval_loss"] - two_ref["eval_loss"]) <= 2e-2 * max(1.0, abs(two_ref["eval_loss"]))
 
 
 @pytest.mark.slow
