@@ -35,7 +35,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # -- delegated state ----------------------------------------------------------------------------
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    def state(self) -> Any:
         """The wrapped optimizer's state."""
         return self.optimizer.state
 
@@ -45,7 +45,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.state = value
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's parameter groups."""
         return self.optimizer.param_groups
 
@@ -54,7 +54,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.param_groups = value
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
         """The wrapped optimizer's defaults."""
         return self.optimizer.defaults
 
@@ -94,7 +94,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.scaler.unscale_(self.optimizer)
             self._unscaled = True
 
-    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
         if not self._window.sync:
             return None
         self._unscaled = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -81,7 +81,8 @@ class SequentialHook(ModelHook):
 
 
 def _before(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    hook: ModelHook = module._hf_hook  # type: ignore[assignment]
+    # a plain attribute, which nn.Module.__getattr__'s annotation would call a Tensor | Module
+    hook = cast(ModelHook, module._hf_hook)
     args, kwargs = hook.pre_forward(module, *args, **kwargs)
     if hook.no_grad:
         module.__dict__[_GRAD_MODE] = torch.is_grad_enabled()
@@ -238,8 +239,10 @@ class AlignDevicesHook(ModelHook):
         if self.offload:
             for name in self._offloaded(module):
                 set_module_tensor_to_device(module, name, "meta")
-            for pointer, device in self.tied_pointers_to_remove:
-                self.tied_params_map[pointer].pop(device, None)  # type: ignore[index]
+            tied = self.tied_params_map
+            if tied is not None:  # pointers are only recorded with a map
+                for pointer, device in self.tied_pointers_to_remove:
+                    tied[pointer].pop(device, None)
             self.tied_pointers_to_remove = set()
         if self.io_same_device and self.input_device is not None:
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)

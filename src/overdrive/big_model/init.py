@@ -59,8 +59,9 @@ def init_on_device(device: torch.device | str | int, include_buffers: bool | Non
             setattr(moved, key, value)
         module._parameters[name] = moved
 
-    nn.Module.register_parameter = register_on_device  # type: ignore[method-assign]
+    # patched on purpose for the duration of the block (as Accelerate's init_on_device does)
+    nn.Module.register_parameter = register_on_device  # pyright: ignore[reportAttributeAccessIssue]
     try:
         yield
     finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
+        nn.Module.register_parameter = original

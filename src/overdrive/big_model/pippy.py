@@ -155,7 +155,7 @@ def prepare_pippy(model: nn.Module, split_points: str | list[str] | None = "auto
     if world == 1:  # nothing to split: Accelerate runs the model as it is too
         return PippyModel(model, None, 1, gather_output, 0, None)
     group = dist.group.WORLD
-    points = None if split_points in (None, "auto") else list(split_points)  # type: ignore[arg-type]
+    points = None if split_points in (None, "auto") else list(split_points)
     settings = PipelineRuntime(schedule="GPipe", num_microbatches=num_chunks or world, stages_per_rank=1,
                                 device=device, pp_size=world, pp_rank=rank, pp_group=group, split_points=points,
                                 mesh=ParallelMesh(ParallelDims(pp=world), device.type, global_rank=rank))

@@ -81,7 +81,8 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: tor
         raise ValueError(f"{tensor_name!r} is None in {type(owner).__name__}; there is nothing to move")
     reused = _tied_copy(tied_params_map, (value, old), device)
     if reused is not None and not is_buffer:
-        owner._parameters[leaf] = reused  # type: ignore[assignment]  # a Parameter made by this function
+        # torch types _parameters as Parameter | None; this is a Parameter made by this function
+        owner._parameters[leaf] = reused  # pyright: ignore[reportArgumentType]
         return
     target = torch.device("meta") if str(device) == "meta" else resolve_device(device)
     if old.device.type == "meta" and target.type != "meta" and value is None:
@@ -107,7 +108,8 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: tor
             for key, item in vars(old).items():
                 if not hasattr(param, key):
                     setattr(param, key, item)
-        owner._parameters[leaf] = param  # type: ignore[assignment]  # a Parameter unless it was a plain tensor
+        # a Parameter unless it was a plain tensor (torch types _parameters as Parameter | None)
+        owner._parameters[leaf] = param  # pyright: ignore[reportArgumentType]
         new = param
     _remember_tied(tied_params_map, (old, value), device, new)
 

@@ -95,7 +95,7 @@ class Group:
             if error is not None:
                 raise error
             raise CheckpointError(f"{what}: {report}")
-        return result  # type: ignore[return-value]
+        return result
 
 
 def _describe(error: BaseException) -> str:

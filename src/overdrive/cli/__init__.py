@@ -20,6 +20,7 @@ import argparse
 import difflib
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 USAGE_ERROR = 2
 
@@ -52,7 +53,7 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse with exit status 2 messages that suggest the nearest flag for a mistyped one."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         if "unrecognized arguments:" in message:
             known = _flags(self)
             words = message.split("unrecognized arguments:", 1)[1].split()
@@ -81,12 +82,12 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
     return flags
 
 
-def add_flag(group: argparse._ActionsContainer, name: str, *aliases: str, **kwargs: object) -> None:
+def add_flag(group: argparse._ActionsContainer, name: str, *aliases: str, **kwargs: Any) -> None:
     """A flag under Accelerate's name, also spelled with dashes: ``--num_processes`` and ``--num-processes``."""
     spellings = [f"--{name}"]
     if "_" in name:
         spellings.append(f"--{name.replace('_', '-')}")
-    group.add_argument(*spellings, *aliases, dest=name, **kwargs)  # type: ignore[arg-type]
+    group.add_argument(*spellings, *aliases, dest=name, **kwargs)
 
 
 def build_parser(only: str | None = None) -> tuple[Parser, dict[str, Parser]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from overdrive.config.kwargs import KwargsHandler
 
@@ -68,4 +68,6 @@ class TERecipeKwargs(KwargsHandler):
         if self.amax_compute_algo not in TE_AMAX_ALGORITHMS:
             raise ValueError(f"amax_compute_algo={self.amax_compute_algo!r} is not valid; choose one of "
                              f"{TE_AMAX_ALGORITHMS}")
-        self.override_linear_precision = tuple(bool(v) for v in self.override_linear_precision)  # type: ignore
+        # three flags (fprop, dgrad, wgrad), as given
+        self.override_linear_precision = cast("tuple[bool, bool, bool]",
+                                              tuple(bool(v) for v in self.override_linear_precision))

@@ -20,7 +20,7 @@ class KwargsHandler:
 
     def to_kwargs(self) -> dict[str, Any]:
         """The fields whose values differ from the defaults (what is passed on to PyTorch)."""
-        default = self.__class__().to_dict()  # type: ignore[call-arg]
+        default = self.__class__().to_dict()
         return {k: v for k, v in self.to_dict().items() if default.get(k) != v}
 
 

@@ -276,7 +276,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         size = max(sizes[dp] for dp in dp_of_rank)
         buffers = [_to_bytes(tensors[dp], size, device) for dp in dp_of_rank] if size else []
         # A process's batch is its last when the next step has none for it, or there is no next step.
-        last = [final or upcoming[p] is None for p in range(n)]  # type: ignore[index]
+        last = [upcoming is None or upcoming[p] is None for p in range(n)]
         remainder = getattr(self, "_observed", None) if final else None
         header = {"skeletons": skeletons, "last": last, "final": final, "size": size, "remainder": remainder}
         return parts, buffers, header

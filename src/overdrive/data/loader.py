@@ -267,12 +267,13 @@ class PreparedLoaderMixin:
         made. A run resumed mid-epoch makes one where the uninterrupted run did not, which would shift
         every later random number (dropout masks). Without a user generator, draw that seed from a
         generator of (seed, epoch) instead: the global RNG stays untouched and worker seeds resume too."""
+        # a mixin: super() is the DataLoader it is combined with, which pyright cannot know
         if self.generator is not None:
-            return super()._get_iterator()  # type: ignore[misc]
+            return super()._get_iterator()  # pyright: ignore[reportAttributeAccessIssue]
         seed = self._seedable.seed if self._seedable is not None else 0
         self.generator = torch.Generator().manual_seed((seed * 1_000_003 + self._epoch) % 2**63)
         try:
-            return super()._get_iterator()  # type: ignore[misc]
+            return super()._get_iterator()  # pyright: ignore[reportAttributeAccessIssue]
         finally:
             self.generator = None
 

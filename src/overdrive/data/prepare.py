@@ -86,8 +86,8 @@ def prepare_data_loader(
                                      device=torch.device("cuda", 0), put_on_device=True)
     """
     del use_seedable_sampler  # always on, see the docstring
-    if isinstance(dataloader, PreparedLoaderMixin):
-        return dataloader  # type: ignore[return-value]  # already prepared: sharding twice would lose data
+    if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
+        return dataloader  # already prepared: sharding twice would lose data
     if dataloader.batch_sampler is None and dataloader.batch_size is None:
         raise ValueError("cannot prepare a DataLoader with batch_size=None and batch_sampler=None: the batches "
                          "to share out are unknown; give the DataLoader a batch_size or a batch_sampler")

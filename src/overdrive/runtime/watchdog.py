@@ -265,7 +265,7 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
                 print(f"overdrive: the hang report failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         previous(kind, error, tb)
 
-    hook._overdrive_watchdog = True  # type: ignore[attr-defined]
+    vars(hook)["_overdrive_watchdog"] = True  # a mark on the function object
     sys.excepthook = hook
 
 

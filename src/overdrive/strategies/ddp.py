@@ -74,7 +74,7 @@ def compress_hook(dtype: torch.dtype) -> Callable:
     """All-reduce each gradient bucket in ``dtype`` (works on gloo, unlike torch's bf16 hook)."""
 
     # No annotations: DDP checks them against real classes, and this module's are postponed strings.
-    def hook(group, bucket):  # type: ignore[no-untyped-def]
+    def hook(group, bucket):
         group = group if group is not None else dist.group.WORLD
         buffer = bucket.buffer()
         compressed = buffer.to(dtype).div_(world_size(group))

@@ -40,7 +40,7 @@ def on_main_process(method: Callable) -> Callable:
             return None
         return method(self, *args, **kwargs)
 
-    gated._overdrive_gated = True  # type: ignore[attr-defined]
+    vars(gated)["_overdrive_gated"] = True  # a mark on the function object
     return gated
 
 
@@ -73,6 +73,9 @@ class GeneralTracker:
     main_process_only: bool = True
     # (module to import, package to pip install) pairs this tracker needs
     required_packages: tuple[tuple[str, str], ...] = ()
+    # set by start_trackers on the instances it builds (declared here, not given class defaults)
+    _overdrive_registry_name: str
+    _overdrive_process_index: int | None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -280,7 +283,7 @@ def start_trackers(log_with: Iterable[Any], project_name: str, *, config: dict |
         except (TypeError, ValueError) as exc:
             problems.append(f"could not build the {entry!r} tracker with init_kwargs {kwargs}: {exc}")
             continue
-        tracker._overdrive_registry_name = entry  # type: ignore[attr-defined]
+        tracker._overdrive_registry_name = entry
         trackers.append(tracker)
     for tracker in trackers:
         if not isinstance(getattr(tracker, "name", None), str) or not tracker.name:
@@ -292,7 +295,7 @@ def start_trackers(log_with: Iterable[Any], project_name: str, *, config: dict |
         warnings.warn(f"init_kwargs for {unused} were ignored: no running tracker has that name "
                       f"(running: {[t.name for t in trackers]})", stacklevel=3)
     for tracker in trackers:
-        tracker._overdrive_process_index = process_index  # type: ignore[attr-defined]
+        tracker._overdrive_process_index = process_index
         tracker.start()
         if config is not None:
             tracker.store_init_configuration(config)

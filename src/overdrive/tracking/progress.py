@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, TextIO
 
 
@@ -42,8 +42,8 @@ class ProgressBar:
                  unit: str = "it", force_plain: bool = False, clock: Callable[[], float] = time.monotonic,
                  **tqdm_kwargs: Any) -> None:
         self.iterable = iterable
-        if total is None and iterable is not None and hasattr(iterable, "__len__"):
-            total = len(iterable)  # type: ignore[arg-type]
+        if total is None and isinstance(iterable, Sized):
+            total = len(iterable)
         self.total = total
         self.desc = desc
         self.unit = unit

@@ -63,14 +63,14 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         super().__init__(optimizer, scaler=None, gradient_state=gradient_state)  # DeepSpeed scales fp16 itself
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
         return getattr(self.optimizer, "defaults", {})
 
     @defaults.setter
     def defaults(self, value: dict[str, Any]) -> None:
         self.optimizer.defaults = value
 
-    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> None:
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -96,7 +96,7 @@ class DeepSpeedSchedulerWrapper(torch.optim.lr_scheduler.LRScheduler):
         self.scheduler = scheduler
         self.optimizer = optimizer
 
-    def step(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def step(self, *args: Any, **kwargs: Any) -> None:
         return None
 
     def get_last_lr(self) -> list[float | torch.Tensor]:
