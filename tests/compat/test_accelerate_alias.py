@@ -66,6 +66,32 @@ def test_every_table_module_is_the_overdrive_module_of_the_same_path():
 
 
 @pytest.mark.optional
+def test_every_table_name_imports_through_the_alias():
+    out = result_of("""
+        import importlib, json
+        import overdrive
+        from overdrive.compat.table import MODULES, NAMES
+        overdrive.install_as_accelerate()
+        by_overdrive_path = {own: theirs for theirs, own in MODULES.items()}
+        checked, failed = 0, []
+        for own_path, names in NAMES.items():
+            module = importlib.import_module(by_overdrive_path[own_path])  # accelerate.<same path>
+            for name in names:
+                checked += 1
+                try:
+                    exec(f"from {module.__name__} import {name}", {})
+                except Exception as exc:  # noqa: BLE001 - collected and reported
+                    failed.append(f"{module.__name__}.{name}: {type(exc).__name__}: {exc}")
+        top = importlib.import_module("accelerate")
+        for name in overdrive.__all__:
+            checked += 1
+            if not hasattr(top, name):
+                failed.append(f"accelerate.{name}")
+        print(json.dumps({"checked": checked, "failed": failed}))
+    """)
+    assert out["checked"] > 500 and out["failed"] == [], out
+
+
 def test_library_version_checks_pass_through_the_alias():
     pytest.importorskip("transformers")
     out = result_of("""
