@@ -1,5 +1,6 @@
-"""ARCHITECTURE.md stays true to the code: every file or folder it names exists, and every registry line
-it quotes (``"name": "overdrive.module:Attribute"``) stands in the source and names something importable."""
+"""ARCHITECTURE.md stays true to the code: every file or folder it names exists, its layer table names each
+module of tests/test_layering.py's ``LAYERS``, and every registry line it quotes
+(``"name": "overdrive.module:Attribute"``) stands in the source and names something importable."""
 
 from __future__ import annotations
 
@@ -58,3 +59,16 @@ def test_quoted_registry_lines_stand_in_the_source_and_import() -> None:
         module, _, attribute = target.partition(":")
         imported = importlib.import_module(module)
         assert not attribute or hasattr(imported, attribute), f"{target} does not exist"
+
+
+def test_the_layer_table_names_every_layered_module() -> None:
+    from test_layering import LAYERS
+
+    named = set(named_paths())
+    missing = []
+    for prefixes in LAYERS[:-1]:  # the compat layer's row ends in "...": its modules only re-export
+        for prefix in prefixes:
+            path = prefix.removeprefix("overdrive.").replace(".", "/")
+            if f"{path}.py" not in named and f"{path}/" not in named:
+                missing.append(prefix)
+    assert not missing, f"ARCHITECTURE.md's layer table does not name {missing} (tests/test_layering.py LAYERS)"
