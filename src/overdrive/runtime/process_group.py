@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -51,9 +52,36 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
                             timeout=timeout, **kwargs)
     watchdog.start(dist.distributed_c10d._get_default_group(), info.rank, info.world_size, info.master_addr,
                    info.master_port, f"overdrive/attempt_{info.restart_count}", timeout)
-    # gloo's worker thread can free the last collective's work object after the interpreter began to shut
-    # down, which aborts the process ("terminate called without an active exception") after a successful
-    # run: measured 3 in 6 runs. A short pause at exit lets it finish first (0 in 10); destroying the
-    # group at exit is not enough while DDP keeps its threads alive (1 in 6).
-    atexit.register(time.sleep, 0.1)
+    atexit.register(let_threads_settle)
     return True
+
+
+def let_threads_settle(limit: float = 2.0) -> None:
+    """At exit, give the GIL away until no other thread of this process is runnable (at most ``limit`` s).
+
+    gloo's worker thread drops the last collective's work object, whose tensors are Python objects, only
+    once it gets the GIL; if the interpreter has begun to shut down by then, the thread is ended inside a
+    C++ destructor and the process aborts ("terminate called without an active exception") after a
+    successful run. A fixed 0.1 s pause was not enough on a loaded machine (1 in 9 two-process runs
+    aborted at load 10); waiting for the threads themselves is, and costs ~10 ms when they are idle.
+    Destroying the group at exit does not help while DDP holds it.
+    """
+    tasks = f"/proc/{os.getpid()}/task"
+    if not os.path.isdir(tasks):  # not Linux: the plain pause
+        time.sleep(0.1)
+        return
+    me = str(threading.get_native_id())
+    deadline = time.monotonic() + limit
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)  # releases the GIL: a thread waiting for it becomes runnable
+        quiet = 0 if any(_runnable(tasks, tid) for tid in os.listdir(tasks) if tid != me) else quiet + 1
+
+
+def _runnable(tasks: str, tid: str) -> bool:
+    try:
+        with open(f"{tasks}/{tid}/stat") as f:
+            stat = f.read()
+    except OSError:  # the thread ended meanwhile
+        return False
+    return stat.rpartition(")")[2].split()[0] == "R"  # the field after the name, which may hold ")"
