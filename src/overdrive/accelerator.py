@@ -277,7 +277,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         """``loss.backward()``, divided over the accumulation window and scaled for fp16. Under DeepSpeed the
         engine's backward, and its step at the end of each window (``optimizer.step()`` is then a no-op)."""
         window = self.window
-        if window.divisor > 1:
+        if window.divisor > 1 and "scale_wrt_gas" not in kwargs:  # with it, DeepSpeed's caller scales (Trainer)
             loss = loss / window.divisor
         if self._loss_backward:  # what strategy and precision would do, without their two calls
             loss.backward(**kwargs)

@@ -28,6 +28,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--peft", action="store_true")
     parser.add_argument("--sft", action="store_true")
+    parser.add_argument("--deepspeed", type=int, default=None, help="ZeRO stage: train through DeepSpeed")
     return parser.parse_args()
 
 
@@ -75,8 +76,15 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t1", unk_token="t0")
 
 
+#: set by --deepspeed: the DeepSpeed config TrainingArguments gets (Trainer's own optimizer, no C++ ops)
+DEEPSPEED: dict | None = None
+
+
 def arguments(out: Path, bf16: bool, **extra):
     from transformers import TrainingArguments
+
+    if DEEPSPEED is not None:
+        extra.setdefault("deepspeed", DEEPSPEED)
 
     return TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=2, per_device_eval_batch_size=3,
@@ -90,7 +98,13 @@ def losses(trainer) -> list[float]:
 
 
 def main() -> None:
+    global DEEPSPEED
     args = parse()
+    if args.deepspeed is not None:
+        # gradient_clipping explicit: DeepSpeed's own default (1.0) would differ from Trainer's
+        DEEPSPEED = {"zero_optimization": {"stage": args.deepspeed}, "train_micro_batch_size_per_gpu": "auto",
+                     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+                     "zero_allow_untested_optimizer": True}
     if args.alias:
         import overdrive
 

@@ -196,7 +196,8 @@ class DeepSpeedStrategy(LocalGradients):
             precision.backward(loss, **kwargs)
             return
         engine.set_gradient_accumulation_boundary(sync_gradients)
-        engine.backward(loss, scale_wrt_gas=False, **kwargs)
+        kwargs.setdefault("scale_wrt_gas", False)  # the Accelerator divided already, unless the caller says
+        engine.backward(loss, **kwargs)
         if sync_gradients:
             # ZeRO stage 0 with a torch optimizer keeps no norm; its gradients are whole on every rank here
             self._norm = _gradient_norm(engine.module) if engine.zero_optimization_stage() == 0 else None
