@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import pickle
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from overdrive import (
     DistributedType,
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
+    PartialState,
 )
 from overdrive.strategies.deepspeed.ds_config import engine_config
 from test_cli import clean_env, overdrive, rank_results
@@ -132,7 +135,6 @@ def test_the_plan_copies_the_plugins_and_selection_leaves_them_untouched():
     """The user's plugin objects are the same after Accelerator() and after selecting another plugin: the
     plan holds copies (read-only), and which plugin is selected is runtime state of the Accelerator."""
     import copy
-    import types
 
     plugins = {"student": DeepSpeedPlugin(hf_ds_config={"bfloat16": {"enabled": True}}),
                "teacher": DeepSpeedPlugin(zero_stage=3)}
@@ -146,7 +148,7 @@ def test_the_plan_copies_the_plugins_and_selection_leaves_them_untouched():
     assert "bfloat16" in plugins["student"].deepspeed_config
     assert acc.mixed_precision == "bf16"
     copies = acc.plan.deepspeed.plugins
-    assert isinstance(copies, types.MappingProxyType) and sorted(copies) == ["student", "teacher"]
+    assert isinstance(copies, Mapping) and sorted(copies) == ["student", "teacher"]
     assert all(copies[name] is not plugins[name] for name in plugins)
     with pytest.raises(TypeError):
         copies["other"] = DeepSpeedPlugin()  # type: ignore[index]
@@ -155,6 +157,10 @@ def test_the_plan_copies_the_plugins_and_selection_leaves_them_untouched():
     assert copies["teacher"].selected is False and copies["student"].selected is False  # no flag is flipped
     acc.state.select_deepspeed_plugin()
     assert acc.deepspeed_plugin is copies["student"] and snapshot() == before
+    # transformers' Trainer saves its TrainingArguments, which hold the PartialState, with torch.save: the
+    # state and its plan pickle (a read-only mappingproxy did not: the Trainer failed at its first save)
+    pickle.dumps(PartialState())
+    assert sorted(pickle.loads(pickle.dumps(acc.state)).deepspeed_plugins) == ["student", "teacher"]
     acc.free_memory()
 
 

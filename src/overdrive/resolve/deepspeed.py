@@ -5,12 +5,31 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from overdrive.config.deepspeed_json import _MISSING, AUTO, get_path
+
+
+class ReadOnlyPlugins(Mapping[str, Any]):
+    """The plan's plugins by name: readable as a dict, not writable, and picklable (transformers' Trainer
+    saves its TrainingArguments, which hold the state and so this plan; a ``mappingproxy`` cannot be)."""
+
+    def __init__(self, plugins: Mapping[str, Any]) -> None:
+        self._plugins = dict(plugins)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._plugins[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._plugins)
+
+    def __len__(self) -> int:
+        return len(self._plugins)
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyPlugins({self._plugins!r})"
 
 
 @dataclass(frozen=True)
@@ -109,7 +128,7 @@ def resolve_deepspeed(plugin: Any, plugins: Any, launched: dict[str, Any], *, mi
     # the plan's own copies: settling and "auto" filling edit the config, the user's plugins stay as given
     named = {name: copy.deepcopy(each) for name, each in named.items()}
     precision, steps = settle(named, mixed_precision, explicit_steps, errors)
-    return DeepSpeedSettings(plugins=types.MappingProxyType(named), mixed_precision=precision, accumulation_steps=steps,
+    return DeepSpeedSettings(plugins=ReadOnlyPlugins(named), mixed_precision=precision, accumulation_steps=steps,
                              split_batches=split_batches, local_rank=local_rank)
 
 
