@@ -93,6 +93,21 @@ def test_bert_trainer_one_process_matches_accelerate(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (test extra)")
+def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path):
+    """Trainer(args.deepspeed=ZeRO-2 config) on overdrive trains, checkpoints (the Trainer pickles its
+    arguments, which hold the state), evaluates and resumes like the same run without DeepSpeed; the real
+    Accelerate gives the two runs the same losses too (measured; its DeepSpeed run is too slow for CI)."""
+    ours = run_one(tmp_path, "zero2", "--model", "bert", "--alias", "--deepspeed", "2")
+    plain = run_one(tmp_path, "plain", "--model", "bert", "--alias")
+    assert ours["distributed_type"].endswith("DEEPSPEED") and not plain["distributed_type"].endswith("DEEPSPEED")
+    check_run(ours)
+    assert_close(ours["losses"], plain["losses"], 1e-4)
+    assert abs(ours["eval_loss"] - plain["eval_loss"]) <= 1e-4
+
+
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(tmp_path):

@@ -165,6 +165,7 @@ def _write(out: Path, result: dict, trainer) -> None:
     if trainer.accelerator.is_main_process:
         result["num_processes"] = trainer.accelerator.num_processes
         result["mixed_precision"] = str(trainer.accelerator.mixed_precision)
+        result["distributed_type"] = str(trainer.accelerator.distributed_type)
         (out / "result.json").write_text(json.dumps(result))
     print("RESULT", json.dumps(result), file=sys.stderr if os.environ.get("QUIET") else sys.stdout)
 
