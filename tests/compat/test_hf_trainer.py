@@ -83,9 +83,10 @@ def check_run(run: dict, eval_rows: int = 7) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bert_trainer_one_process_matches_accelerate(tmp_path):
-    ours = run_one(tmp_path, "ours", "--model", "bert", "--alias")
-    theirs = run_one(tmp_path, "theirs", "--model", "bert")
+@pytest.mark.parametrize("model", ["bert", "llama"])
+def test_trainer_one_process_matches_accelerate(tmp_path, model):
+    ours = run_one(tmp_path, "ours", "--model", model, "--alias")
+    theirs = run_one(tmp_path, "theirs", "--model", model)
     assert theirs["library"] == "accelerate"
     check_run(ours)
     assert_close(ours["losses"], theirs["losses"], 1e-4)
