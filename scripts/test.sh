@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[test]"
 .venv/bin/ruff check src tests bench examples
-# types over src/ (configuration: [tool.basedpyright] in pyproject.toml); any error fails the run
-.venv/bin/basedpyright --pythonpath .venv/bin/python
+# types over src/ (configuration: [tool.basedpyright] in pyproject.toml); any error or warning fails the run
+.venv/bin/basedpyright --pythonpath .venv/bin/python --warnings
 .venv/bin/python -m pytest "$@"

@@ -101,7 +101,7 @@ def _saved_tensor(archive: _Slice) -> tuple[Any, int] | None:
 
         unpickler = _weights_only_unpickler.Unpickler(io.BytesIO(members.read(f"{prefix}/data.pkl")),
                                                       encoding="utf-8")
-        unpickler.persistent_load = storage  # type: ignore[method-assign]
+        unpickler.persistent_load = storage
         saved = unpickler.load()
         if len(keys) != 1:
             return None

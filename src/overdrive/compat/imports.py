@@ -179,7 +179,7 @@ def is_habana_gaudi1() -> bool:
     """Whether this is a first-generation Gaudi (False unless a Gaudi device is present)."""
     if not is_hpu_available():
         return False
-    import habana_frameworks.torch.utils.experimental as htexp  # type: ignore[import-not-found]
+    import habana_frameworks.torch.utils.experimental as htexp  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
 
@@ -230,7 +230,7 @@ def is_transformer_engine_mxfp8_available() -> bool:
     """Whether Transformer Engine with MXFP8 support is installed and usable."""
     if not _has("transformer_engine"):
         return False
-    import transformer_engine.pytorch as te  # type: ignore[import-not-found]
+    import transformer_engine.pytorch as te  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     return bool(getattr(te, "fp8", None) and te.fp8.check_mxfp8_support()[0])
 

@@ -23,7 +23,7 @@ def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module
     from overdrive.compat.imports import is_deepspeed_available
 
     if enabled and is_deepspeed_available():
-        import deepspeed  # type: ignore[import-not-found]
+        import deepspeed
 
         return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank, fwd_module=fwd_module,
                                                  enabled=enabled)

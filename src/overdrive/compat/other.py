@@ -178,7 +178,7 @@ def is_peft_model(model: Any) -> bool:
 
     if not is_peft_available():
         return False
-    from peft import PeftModel  # type: ignore[import-not-found]
+    from peft import PeftModel
 
     return isinstance(model, PeftModel)
 

@@ -404,7 +404,7 @@ def stateful_loader_class(cls: type[PreparedLoaderMixin]) -> type[PreparedLoader
     prepared loader's own (exact, skipping by index), so checkpoints are the same with or without it."""
     if cls not in _STATEFUL:
         try:
-            from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-not-found]
+            from torchdata.stateful_dataloader import StatefulDataLoader
         except ImportError as exc:
             raise ImportError("use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install "
                               "torchdata (or set use_stateful_dataloader=False)") from exc

@@ -249,7 +249,7 @@ def precompute_scales_after_step(optimizer: torch.optim.Optimizer, models: list[
 
 # -- Transformer Engine ----------------------------------------------------------------------------------
 def _apply_te(model: nn.Module, recipe: TERecipeKwargs) -> None:
-    import transformer_engine.pytorch as te
+    import transformer_engine.pytorch as te  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     _swap_te_modules(model, te)
     fp8_recipe = _te_recipe(recipe)
@@ -268,7 +268,7 @@ def _apply_te(model: nn.Module, recipe: TERecipeKwargs) -> None:
 
 
 def _te_recipe(recipe: TERecipeKwargs) -> Any:
-    from transformer_engine.common import recipe as te_recipe
+    from transformer_engine.common import recipe as te_recipe  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     given = recipe.to_kwargs()  # only what differs from the defaults: TE versions differ in what they take
     given.pop("use_autocast_during_eval", None)

@@ -157,7 +157,7 @@ class TrackioTracker(_Run):
         self.run = trackio.init(project=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        import trackio  # type: ignore[import-not-found]
+        import trackio
 
         trackio.config.update(values)
 
@@ -181,7 +181,7 @@ class SwanLabTracker(_Run):
         self.run = swanlab.init(project=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        import swanlab  # type: ignore[import-not-found]
+        import swanlab
 
         swanlab.config.update(values, allow_val_change=True)
 

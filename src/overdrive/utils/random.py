@@ -75,7 +75,7 @@ def _get_state(name: str, generator: torch.Generator | None) -> torch.Tensor:
             raise ValueError("rng_type='generator' needs the torch.Generator to synchronize: pass generator=")
         return generator.get_state()
     if name == "xla":
-        import torch_xla.core.xla_model as xm
+        import torch_xla.core.xla_model as xm  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
         return torch.tensor([xm.get_rng_state()], dtype=torch.int64)
     return _device_module(name).get_rng_state()
@@ -88,7 +88,7 @@ def _set_state(name: str, state: torch.Tensor, generator: torch.Generator | None
         assert generator is not None
         generator.set_state(state)
     elif name == "xla":
-        import torch_xla.core.xla_model as xm
+        import torch_xla.core.xla_model as xm  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
         xm.set_rng_state(int(state.item()))
     else:
