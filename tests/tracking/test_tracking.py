@@ -30,6 +30,9 @@ CONFIG = {"lr": 1e-3, "batch_size": 8, "model": {"depth": 2, "act": "gelu"}}
 
 OPTIONAL = [name for name, module in (("tensorboard", "tensorboard"), ("mlflow", "mlflow"), ("wandb", "wandb"),
                                       ("aim", "aim")) if is_package_available(module)]
+# trackers whose libraries run only offline here: "all" starts them too (as Accelerate's does), so the test
+# points each at a folder (tests/scripts/offline_trackers.py holds their offline switches)
+OFFLINE_ONLY = [name for name in ("clearml", "comet_ml", "swanlab", "trackio") if is_package_available(name)]
 QUIET_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",
              "GIT_PYTHON_REFRESH": "quiet"}
 INIT_KWARGS = {"wandb": {"mode": "offline"}, "aim": {"system_tracking_interval": None,
@@ -124,10 +127,12 @@ def _log_run(project_dir: str, log_with: list, init_kwargs: dict) -> dict:
 
 
 def _all_and_default(all_dir: str, default_dir: str) -> dict:
+    from offline_trackers import init_kwargs as offline_kwargs
     from overdrive import Accelerator
 
     accelerator = Accelerator(log_with="all", project_dir=all_dir)
-    accelerator.init_trackers("proj", config=CONFIG, init_kwargs=INIT_KWARGS)
+    kwargs = {**INIT_KWARGS, **{name: offline_kwargs(name, os.path.join(all_dir, name)) for name in OFFLINE_ONLY}}
+    accelerator.init_trackers("proj", config=CONFIG, init_kwargs=kwargs)
     for step in range(len(LOSSES)):
         accelerator.log(values_at(step, accelerator.process_index), step=step)
     names = [t.name for t in accelerator.trackers]
@@ -310,8 +315,12 @@ def test_trackers_on_two_processes_write_rank0_values_once(tmp_path):
 @pytest.mark.timeout(180)
 def test_log_with_all_and_the_jsonl_default_on_two_processes(tmp_path):
     all_dir, default_dir = str(tmp_path / "all"), str(tmp_path / "default")
-    results = run_distributed(_all_and_default, 2, all_dir, default_dir, timeout=150, env=QUIET_ENV)
-    assert results[0]["all"] == sorted(["jsonl", "csv", *OPTIONAL])  # every installed built-in
+    offline = str(tmp_path / "offline")
+    env = {**QUIET_ENV, "COMET_OFFLINE_DIRECTORY": f"{offline}/comet_ml", "CLEARML_OFFLINE_MODE": "1",
+           "CLEARML_CACHE_DIR": f"{offline}/clearml", "TRACKIO_DIR": f"{offline}/trackio",
+           "HF_HOME": f"{offline}/hf", "HF_HUB_OFFLINE": "1", "COMET_DISABLE_AUTO_LOGGING": "1"}
+    results = run_distributed(_all_and_default, 2, all_dir, default_dir, timeout=240, env=env)
+    assert results[0]["all"] == sorted(["jsonl", "csv", *OPTIONAL, *OFFLINE_ONLY])  # every installed tracker
     assert results[0]["default"] == results[1]["default"] == ["jsonl"]
     check_jsonl(os.path.join(all_dir, "proj"))
     check_csv(os.path.join(all_dir, "proj"))
