@@ -48,3 +48,21 @@ def test_exit_hook_gives_up_at_its_limit() -> None:
     finally:
         stop.set()
         thread.join()
+
+
+def _watchdog_threads_after_exit_hook() -> list[int]:
+    from overdrive import Accelerator
+    from overdrive.runtime import watchdog
+
+    Accelerator()
+    before = sum(t.name == "overdrive-watchdog" and t.is_alive() for t in threading.enumerate())
+    watchdog._mark_exit()  # what atexit runs
+    after = sum(t.name == "overdrive-watchdog" and t.is_alive() for t in threading.enumerate())
+    return [before, after]
+
+
+def test_the_watchdog_thread_has_ended_when_the_exit_hook_returns() -> None:
+    # a daemon thread inside a store call when the interpreter shuts down aborts the process
+    from distributed import run_distributed
+
+    assert run_distributed(_watchdog_threads_after_exit_hook, 2, timeout=120) == [[1, 0], [1, 0]]

@@ -50,9 +50,9 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")
     dist.init_process_group(backend=backend, store=prefixed, rank=info.rank, world_size=info.world_size,
                             timeout=timeout, **kwargs)
+    atexit.register(let_threads_settle)  # registered first, so it runs after the watchdog's exit hook
     watchdog.start(dist.distributed_c10d._get_default_group(), info.rank, info.world_size, info.master_addr,
                    info.master_port, f"overdrive/attempt_{info.restart_count}", timeout)
-    atexit.register(let_threads_settle)
     return True
 
 

@@ -114,6 +114,10 @@ class Watchdog:
         """Stop watching (the process group is closing)."""
         self._stop.set()
 
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the thread to end (after ``stop``)."""
+        self._thread.join(timeout)
+
     def _seq(self) -> int:
         try:
             return int(self.pg._get_sequence_number_for_group())
@@ -275,11 +279,16 @@ def active() -> Watchdog | None:
 
 
 def _mark_exit() -> None:
+    """At exit: tell the other ranks this one ended on purpose, then stop the watchdog thread and wait for it.
+    A daemon thread still inside a store call when the interpreter shuts down aborts the whole process when
+    the call returns ("terminate called without an active exception"), after a successful run."""
     if _active is not None:
         try:
             _active.main_store.set(f"exit/{_active.rank}", "1")
         except Exception:  # noqa: BLE001 - the store may be gone already
             pass
+        _active.stop()
+        _active.join(timeout=2.0)
 
 
 def stop() -> None:
