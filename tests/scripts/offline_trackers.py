@@ -1,13 +1,22 @@
 """Log the same values through Accelerator(log_with=NAME) for each tracker named on the command line, every
-library kept offline (the test sets the environment that points each one at a folder), then exit."""
+library kept offline (the test sets the environment that ``offline_env`` makes, pointing each at a folder),
+then exit. The tests import ``offline_env`` and ``init_kwargs`` from here too."""
 
 from __future__ import annotations
 
+import os
 import sys
 
-from overdrive import Accelerator
-
 LOSSES = [1.5, 0.75, 0.25]
+
+
+def offline_env(root: str | os.PathLike[str]) -> dict[str, str]:
+    """The environment variables that keep Comet, ClearML and Trackio offline (and the Hugging Face Hub, which
+    Trackio uses), each writing under ``root/<name>``; SwanLab's switch is in ``init_kwargs``."""
+    root = os.fspath(root)
+    return {"COMET_OFFLINE_DIRECTORY": os.path.join(root, "comet_ml"), "COMET_DISABLE_AUTO_LOGGING": "1",
+            "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": os.path.join(root, "clearml"),
+            "TRACKIO_DIR": os.path.join(root, "trackio"), "HF_HOME": os.path.join(root, "hf"), "HF_HUB_OFFLINE": "1"}
 
 
 def init_kwargs(name: str, folder: str) -> dict:
@@ -33,6 +42,8 @@ def init_kwargs(name: str, folder: str) -> dict:
 
 
 def main(folder: str, names: list[str]) -> None:
+    from overdrive import Accelerator
+
     for name in names:
         accelerator = Accelerator(cpu=True, log_with=name)
         accelerator.init_trackers("overdrive_offline", config={"lr": 0.1, "layers": 2},

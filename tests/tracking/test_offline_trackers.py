@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from offline_trackers import offline_env
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "offline_trackers.py"
@@ -32,9 +34,7 @@ def logged(tmp_path_factory) -> Path:
     if not names:
         pytest.skip("none of comet_ml, clearml, trackio, swanlab is installed")
     root = tmp_path_factory.mktemp("offline")
-    env = {**os.environ, "COMET_OFFLINE_DIRECTORY": str(root / "comet_ml"), "CLEARML_OFFLINE_MODE": "1",
-           "CLEARML_CACHE_DIR": str(root / "clearml"), "TRACKIO_DIR": str(root / "trackio"),
-           "HF_HOME": str(root / "hf"), "HF_HUB_OFFLINE": "1", "COMET_DISABLE_AUTO_LOGGING": "1"}
+    env = {**os.environ, **offline_env(root)}
     # Output to a file, not a pipe: a process one of the libraries forks can outlive the script holding
     # a pipe open (reading it would then wait for that process); the leftovers of its session are ended.
     log = root / "output.txt"

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from distributed import run_distributed
+from offline_trackers import offline_env
 from overdrive.tracking import (
     GeneralTracker,
     available_trackers,
@@ -315,10 +316,7 @@ def test_trackers_on_two_processes_write_rank0_values_once(tmp_path):
 @pytest.mark.timeout(180)
 def test_log_with_all_and_the_jsonl_default_on_two_processes(tmp_path):
     all_dir, default_dir = str(tmp_path / "all"), str(tmp_path / "default")
-    offline = str(tmp_path / "offline")
-    env = {**QUIET_ENV, "COMET_OFFLINE_DIRECTORY": f"{offline}/comet_ml", "CLEARML_OFFLINE_MODE": "1",
-           "CLEARML_CACHE_DIR": f"{offline}/clearml", "TRACKIO_DIR": f"{offline}/trackio",
-           "HF_HOME": f"{offline}/hf", "HF_HUB_OFFLINE": "1", "COMET_DISABLE_AUTO_LOGGING": "1"}
+    env = {**QUIET_ENV, **offline_env(tmp_path / "offline")}
     results = run_distributed(_all_and_default, 2, all_dir, default_dir, timeout=240, env=env)
     assert results[0]["all"] == sorted(["jsonl", "csv", *OPTIONAL, *OFFLINE_ONLY])  # every installed tracker
     assert results[0]["default"] == results[1]["default"] == ["jsonl"]
