@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,41 @@ for _folder in [_HERE.parent / "examples", _HERE,
                 *sorted(p for p in _HERE.rglob("*") if p.is_dir() and not p.name.startswith((".", "_")))]:
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
+
+
+def _destroy_process_group() -> None:
+    comm = sys.modules.get("deepspeed.comm")
+    if comm is not None and comm.is_initialized():
+        comm.destroy_process_group()  # forgets DeepSpeed's cached groups too (the next engine would use them)
+    else:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind() -> Iterator[None]:
+    """Fail the test that leaves a torch.distributed process group in the pytest process (the tests after it
+    would run inside that group), and destroy the group so that they don't. Costs a dictionary lookup
+    unless torch.distributed was imported."""
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        _destroy_process_group()
+        pytest.fail("this test left a torch.distributed process group initialised; destroy it in its teardown "
+                    "(the one_process_group fixture does)", pytrace=False)
+
+
+@pytest.fixture
+def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For a test that runs DeepSpeed in the pytest process: DeepSpeed needs a process group (and LOCAL_RANK)
+    even for one process, and overdrive makes them; both are gone after the test."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    yield
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        _destroy_process_group()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
