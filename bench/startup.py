@@ -15,6 +15,15 @@ the CPU time the ranks used up to their first step (``time.process_time()`` in t
 of the whole process tree (launcher included) to its exit (``RUSAGE_CHILDREN``). The two commands of a setting alternate (ABBA) after a discarded warm-up pair; reported are the
 medians, the median of the paired differences and ratios, and distribution-free 95% confidence intervals of
 those medians (order statistics). Writes bench/results/startup.json.
+
+Bytecode: Python caches compiled modules (``__pycache__``; pip compiles a wheel's modules when it installs
+it), and torch's are cached here. Environments that set ``PYTHONDONTWRITEBYTECODE=1`` (this machine's does)
+would make overdrive, an editable install, compile its ~430 kB of source on every run while torch loads
+cached bytecode. So the commands run with the bytecode cache on and ``PYTHONPYCACHEPREFIX`` in a temporary
+folder of this run (the source tree stays clean; both commands load cached bytecode after the warm-up pair).
+``--no-bytecode-cache`` measures the other condition (``PYTHONDONTWRITEBYTECODE=1``, no cache folder: torch
+loads its installed bytecode, overdrive and the script compile from source; results in
+bench/results/startup-no-bytecode-cache.json).
 """
 
 from __future__ import annotations
@@ -95,11 +104,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--procs", nargs="+", type=int, default=[1, 2], choices=[1, 2])
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="PYTHONDONTWRITEBYTECODE=1: overdrive and the scripts compile from source each run")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
                                                                        "LOCAL_RANK", "OVERDRIVE_"))}
     env["OVERDRIVE_CONFIG_FILE"] = os.path.join(tempfile.gettempdir(), "overdrive-bench-no-config.yaml")
     env["OMP_NUM_THREADS"] = "1"  # what both launchers pick for 2 processes on 2 cores; the same for 1 process
+    cache = tempfile.TemporaryDirectory(prefix="overdrive-bench-pycache-")
+    if args.no_bytecode_cache:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = cache.name
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -108,7 +126,8 @@ def main() -> int:
               "tree_cpu": "CPU s of all processes, to exit"}
     for procs, r in results.items():
         short = {k: v.replace(str(BIN) + "/", "").replace(str(HERE.parent) + "/", "") for k, v in r["commands"].items()}
-        print(f"\n{procs} process(es): plain `{short['plain']}`, overdrive `{short['overdrive']}`\n")
+        print(f"\n{procs} process(es): plain `{short['plain']}`, overdrive `{short['overdrive']}`, bytecode cache "
+              f"{'off' if args.no_bytecode_cache else 'on'}\n")
         print("| measure | plain (median) | overdrive (median) | overdrive - plain, ms [95% CI] | "
               "overdrive / plain [95% CI] | target |\n|---|---|---|---|---|---|")
         for metric, label in labels.items():
@@ -119,11 +138,13 @@ def main() -> int:
             print(f"| {label} | {m['median_s']['plain']:.3f} | {m['median_s']['overdrive']:.3f} | "
                   f"{m['extra_ms']:+.0f} [{dlow:+.0f} to {dhigh:+.0f}] | {m['ratio']:.3f} [{rlow:.3f}-{rhigh:.3f}] | "
                   f"{target} |")
-    out = HERE / "results" / "startup.json"
+    out = HERE / "results" / ("startup-no-bytecode-cache.json" if args.no_bytecode_cache else "startup.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit, "rounds": args.rounds,
-                               "cpu_count": os.cpu_count(), "load_avg_start_end": [load0, os.getloadavg()],
+                               "cpu_count": os.cpu_count(), "bytecode_cache": not args.no_bytecode_cache,
+                               "load_avg_start_end": [load0, os.getloadavg()],
                                "results": results}, indent=1))
+    cache.cleanup()
     return 0
 
 

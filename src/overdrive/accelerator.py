@@ -14,7 +14,7 @@ import contextlib
 import copy
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,20 +26,7 @@ from overdrive.accelerator_processes import ProcessSurface
 from overdrive.accelerator_surface import AccelerateSurface
 from overdrive.accelerator_tracking import TrackingVerbs
 from overdrive.accumulation import NO_CONTEXT, AccumulationWindow
-from overdrive.config import (
-    AutocastKwargs,
-    DataLoaderConfiguration,
-    DeepSpeedPlugin,
-    FullyShardedDataParallelPlugin,
-    GradientAccumulationPlugin,
-    MegatronLMPlugin,
-    ParallelismConfig,
-    ProfileKwargs,
-    ProjectConfiguration,
-    RNGType,
-    TorchDynamoPlugin,
-    TorchTensorParallelPlugin,
-)
+from overdrive.config import DataLoaderConfiguration, ProfileKwargs, ProjectConfiguration
 from overdrive.optimizer import AcceleratedOptimizer
 from overdrive.precision.amp import AmpPrecision
 from overdrive.prepared import PreparedObjects
@@ -50,6 +37,19 @@ from overdrive.state import AcceleratorState, GradientState
 from overdrive.strategies import Strategy, create_strategy
 from overdrive.strategies.base import StrategyContext
 from overdrive.transforms.hooks import HookRegistry
+
+if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with the Accelerator
+    from overdrive.config import (
+        AutocastKwargs,
+        DeepSpeedPlugin,
+        FullyShardedDataParallelPlugin,
+        GradientAccumulationPlugin,
+        MegatronLMPlugin,
+        ParallelismConfig,
+        RNGType,
+        TorchDynamoPlugin,
+        TorchTensorParallelPlugin,
+    )
 
 
 class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerbs, AccelerateSurface):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from overdrive import ops
+import overdrive.ops as ops
 
 if TYPE_CHECKING:
     from overdrive.prepared import PreparedObjects

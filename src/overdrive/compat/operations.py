@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from overdrive import ops
+import overdrive.ops as ops
 
 
 class CannotPadNestedTensorWarning(UserWarning):

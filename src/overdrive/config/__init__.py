@@ -12,64 +12,76 @@ the environment into one frozen plan. One file per theme:
 - ``fsdp``, ``deepspeed`` (+ ``deepspeed_json``), ``megatron``: the strategy plugins
 - ``compile``: ``TorchDynamoPlugin``, ``ActivationCheckpointingKwargs`` (the model path,
   the same under every strategy)
+
+Names are imported on first use (``from overdrive.config import ProjectConfiguration`` loads ``project``
+alone), so a run that uses no plugin never builds the plugin dataclasses.
 """
 
 from __future__ import annotations
 
-from overdrive.config.compile import ActivationCheckpointingKwargs, TorchDynamoPlugin
-from overdrive.config.deepspeed import DeepSpeedPlugin
-from overdrive.config.enums import (
-    DDPCommunicationHookType,
-    DistributedType,
-    LoggerType,
-    PrecisionType,
-    RNGType,
-    enum_choice,
-    field_names,
-)
-from overdrive.config.fp8 import AO_RECIPE_NAMES, AORecipeKwargs, TERecipeKwargs
-from overdrive.config.fsdp import FSDP_CONFIG_KEYS, FullyShardedDataParallelPlugin
-from overdrive.config.kwargs import (
-    AutocastKwargs,
-    DistributedDataParallelKwargs,
-    GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    ProfileKwargs,
-)
-from overdrive.config.megatron import MegatronLMPlugin
-from overdrive.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
-from overdrive.config.pipeline import PipelineConfig
-from overdrive.config.project import DataLoaderConfiguration, ProjectConfiguration
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "AO_RECIPE_NAMES",
-    "FSDP_CONFIG_KEYS",
-    "AORecipeKwargs",
-    "ActivationCheckpointingKwargs",
-    "AutocastKwargs",
-    "DataLoaderConfiguration",
-    "DDPCommunicationHookType",
-    "DeepSpeedPlugin",
-    "DistributedDataParallelKwargs",
-    "DistributedType",
-    "FullyShardedDataParallelPlugin",
-    "GradientAccumulationPlugin",
-    "GradScalerKwargs",
-    "InitProcessGroupKwargs",
-    "KwargsHandler",
-    "LoggerType",
-    "MegatronLMPlugin",
-    "ParallelismConfig",
-    "PipelineConfig",
-    "PrecisionType",
-    "ProfileKwargs",
-    "ProjectConfiguration",
-    "RNGType",
-    "TERecipeKwargs",
-    "TorchDynamoPlugin",
-    "TorchTensorParallelPlugin",
-    "enum_choice",
-    "field_names",
-]
+from overdrive._lazy import lazy_exports
+
+# public name -> module that defines it
+_EXPORTS = {
+    "ActivationCheckpointingKwargs": "overdrive.config.compile",
+    "TorchDynamoPlugin": "overdrive.config.compile",
+    "DeepSpeedPlugin": "overdrive.config.deepspeed",
+    "DDPCommunicationHookType": "overdrive.config.enums",
+    "DistributedType": "overdrive.config.enums",
+    "LoggerType": "overdrive.config.enums",
+    "PrecisionType": "overdrive.config.enums",
+    "RNGType": "overdrive.config.enums",
+    "enum_choice": "overdrive.config.enums",
+    "field_names": "overdrive.config.enums",
+    "AO_RECIPE_NAMES": "overdrive.config.fp8",
+    "AORecipeKwargs": "overdrive.config.fp8",
+    "TERecipeKwargs": "overdrive.config.fp8",
+    "FSDP_CONFIG_KEYS": "overdrive.config.fsdp",
+    "FullyShardedDataParallelPlugin": "overdrive.config.fsdp",
+    "AutocastKwargs": "overdrive.config.kwargs",
+    "DistributedDataParallelKwargs": "overdrive.config.kwargs",
+    "GradientAccumulationPlugin": "overdrive.config.kwargs",
+    "GradScalerKwargs": "overdrive.config.kwargs",
+    "InitProcessGroupKwargs": "overdrive.config.kwargs",
+    "KwargsHandler": "overdrive.config.kwargs",
+    "ProfileKwargs": "overdrive.config.kwargs",
+    "MegatronLMPlugin": "overdrive.config.megatron",
+    "ParallelismConfig": "overdrive.config.parallelism",
+    "TorchTensorParallelPlugin": "overdrive.config.parallelism",
+    "PipelineConfig": "overdrive.config.pipeline",
+    "DataLoaderConfiguration": "overdrive.config.project",
+    "ProjectConfiguration": "overdrive.config.project",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from overdrive.config.compile import ActivationCheckpointingKwargs, TorchDynamoPlugin
+    from overdrive.config.deepspeed import DeepSpeedPlugin
+    from overdrive.config.enums import (
+        DDPCommunicationHookType,
+        DistributedType,
+        LoggerType,
+        PrecisionType,
+        RNGType,
+        enum_choice,
+        field_names,
+    )
+    from overdrive.config.fp8 import AO_RECIPE_NAMES, AORecipeKwargs, TERecipeKwargs
+    from overdrive.config.fsdp import FSDP_CONFIG_KEYS, FullyShardedDataParallelPlugin
+    from overdrive.config.kwargs import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        KwargsHandler,
+        ProfileKwargs,
+    )
+    from overdrive.config.megatron import MegatronLMPlugin
+    from overdrive.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
+    from overdrive.config.pipeline import PipelineConfig
+    from overdrive.config.project import DataLoaderConfiguration, ProjectConfiguration

@@ -170,7 +170,7 @@ class PreparedLoaderMixin:
         calls = self.__dict__.pop("_final_gathers", [])
         if not calls:
             return
-        from overdrive import ops
+        import overdrive.ops as ops
 
         for _ in range(self.steps_after_own_end()):
             for tensors, empty in calls:

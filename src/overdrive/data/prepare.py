@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from overdrive.data.dispatch import DataLoaderDispatcher
 from overdrive.data.loader import (
     DataLoaderShard,
     PreparedLoaderMixin,
@@ -26,6 +25,9 @@ from overdrive.data.sampler import (
 )
 from overdrive.runtime import group
 from overdrive.state import GradientState
+
+if TYPE_CHECKING:
+    from overdrive.data.dispatch import DataLoaderDispatcher
 
 
 def _data_parallel_place(mesh: Any) -> tuple[int, int]:
@@ -86,8 +88,8 @@ def prepare_data_loader(
                                      device=torch.device("cuda", 0), put_on_device=True)
     """
     del use_seedable_sampler  # always on, see the docstring
-    if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
-        return dataloader  # already prepared: sharding twice would lose data
+    if isinstance(dataloader, PreparedLoaderMixin):  # already prepared: sharding twice would lose data
+        return cast("DataLoaderShard | DataLoaderDispatcher", dataloader)  # the mixin's only two classes
     if dataloader.batch_sampler is None and dataloader.batch_size is None:
         raise ValueError("cannot prepare a DataLoader with batch_size=None and batch_sampler=None: the batches "
                          "to share out are unknown; give the DataLoader a batch_size or a batch_sampler")
@@ -101,7 +103,11 @@ def prepare_data_loader(
     dispatch_args = dict(num_processes=num_processes, process_index=process_index, split_batches=split_batches,
                          slice_fn=slice_fn_for_dispatch)
     shard_class: Any = stateful_loader_class(DataLoaderShard) if use_stateful_dataloader else DataLoaderShard
-    dispatcher: Any = stateful_loader_class(DataLoaderDispatcher) if use_stateful_dataloader else DataLoaderDispatcher
+    dispatcher: Any = None
+    if dispatch:  # rank 0 reads and sends: the dispatcher's module loads only then
+        from overdrive.data.dispatch import DataLoaderDispatcher
+
+        dispatcher = stateful_loader_class(DataLoaderDispatcher) if use_stateful_dataloader else DataLoaderDispatcher
     if iterable:
         batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
         assert batch_size is not None  # an iterable dataset's batch sampler exists only with a batch size

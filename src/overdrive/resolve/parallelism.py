@@ -7,19 +7,15 @@ import copy
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from overdrive.config import (
-    DistributedDataParallelKwargs,
-    FullyShardedDataParallelPlugin,
-    ParallelismConfig,
-    PipelineConfig,
-    TorchTensorParallelPlugin,
-    field_names,
-)
+from overdrive.config import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin, ParallelismConfig
 from overdrive.resolve.plan import DDPSettings, FSDP2Settings, PipelineStrategySettings, SingleSettings
 from overdrive.resolve.process import ProcessPlan
 from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
+
+if TYPE_CHECKING:
+    from overdrive.config import PipelineConfig, TorchTensorParallelPlugin
 
 
 @dataclass(frozen=True)
@@ -41,8 +37,6 @@ def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParal
                         parallelism_config: ParallelismConfig | None, tp_plugin: TorchTensorParallelPlugin | None,
                         errors: list[str]) -> Parallelism:
     """The strategy and mesh sizes for the plugins given; problems are appended to ``errors``."""
-    from overdrive.transforms.context_parallel import comm_strategy_of, context_parallel_problem
-
     info = process.info
     tp_plugin = tp_plugin or (parallelism_config.tp_handler if parallelism_config else None)
     if fsdp_plugin is not None and fsdp_plugin.fsdp_version == 1:
@@ -59,11 +53,15 @@ def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParal
     problems = check_sizes(sizes, info.world_size)
     errors.extend(problems)
     dims = ParallelDims() if problems else ParallelDims(**fill_sizes(sizes, info.world_size))
-    cp_comm = comm_strategy_of(parallelism_config.cp_handler if parallelism_config else None)
-    cp_size = sizes.get("cp", 1)
-    problem = context_parallel_problem(cp_size if isinstance(cp_size, int) else 1, process.device, cp_comm)
-    if problem:
-        errors.append(problem)
+    cp_comm = "allgather"  # context parallelism's default; only a ParallelismConfig can ask for it
+    if parallelism_config is not None:
+        from overdrive.transforms.context_parallel import comm_strategy_of, context_parallel_problem
+
+        cp_comm = comm_strategy_of(parallelism_config.cp_handler)
+        cp_size = sizes.get("cp", 1)
+        problem = context_parallel_problem(cp_size if isinstance(cp_size, int) else 1, process.device, cp_comm)
+        if problem:
+            errors.append(problem)
     if tp_plugin is not None and tp_plugin.torch_device_mesh is not None:
         errors.append("TorchTensorParallelPlugin(torch_device_mesh=...) is not used: overdrive builds the mesh; give "
                       "the sizes with ParallelismConfig(tp_size=..., dp_shard_size=...)")
@@ -90,6 +88,8 @@ def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParal
 def _pipeline_config(parallelism_config: ParallelismConfig | None, fsdp_plugin: FullyShardedDataParallelPlugin | None,
                      pp_size: int, errors: list[str]) -> PipelineConfig:
     """The pipeline settings of ``pp_size > 1``; their problems are appended to ``errors``."""
+    from overdrive.config import PipelineConfig, field_names
+
     given = parallelism_config.pp_handler if parallelism_config is not None else None
     try:
         config = PipelineConfig(**given) if isinstance(given, dict) else given or PipelineConfig()

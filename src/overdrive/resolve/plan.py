@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from overdrive.config import (
-    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -21,11 +20,13 @@ from overdrive.config import (
     GradScalerKwargs,
     ProfileKwargs,
     ProjectConfiguration,
-    TERecipeKwargs,
 )
 from overdrive.precision import PrecisionPolicy
 from overdrive.runtime.mesh import ParallelDims
 from overdrive.transforms.path import ModelTransforms
+
+if TYPE_CHECKING:
+    from overdrive.config import AORecipeKwargs, TERecipeKwargs
 
 
 # -- each strategy's own settings, typed: a misspelt setting is a TypeError, not silently dropped -----------

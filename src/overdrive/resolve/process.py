@@ -10,13 +10,8 @@ import torch
 
 from overdrive.config import DistributedType, InitProcessGroupKwargs
 from overdrive.launchers.protocol import launch_config
-from overdrive.runtime import (
-    ProcessInfo,
-    backend_for,
-    detect_process_info,
-    ensure_process_group,
-    select_device,
-)
+from overdrive.runtime.cluster import ProcessInfo, detect_process_info
+from overdrive.runtime.device import backend_for, select_device
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,10 @@ class ProcessPlan:
         """Select the device and join the default process group (once per process)."""
         if self.device.type != "cpu" and self.device.index is not None:
             torch.accelerator.set_device_index(self.device.index)
-        ensure_process_group(self.info, self.device, self.backend, self.timeout)
+        if self.info.is_distributed:  # one process joins no group (and loads no process-group module)
+            from overdrive.runtime.process_group import ensure_process_group
+
+            ensure_process_group(self.info, self.device, self.backend, self.timeout)
 
 
 def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> ProcessPlan:

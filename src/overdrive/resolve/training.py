@@ -13,17 +13,13 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from overdrive.config import (
-    ActivationCheckpointingKwargs,
-    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
-    ParallelismConfig,
     ProjectConfiguration,
     RNGType,
-    TERecipeKwargs,
     TorchDynamoPlugin,
     TorchTensorParallelPlugin,
 )
@@ -40,6 +36,12 @@ from overdrive.resolve.process import ProcessPlan
 from overdrive.transforms.path import CompileSettings, ModelTransforms
 
 if TYPE_CHECKING:
+    from overdrive.config import (
+        ActivationCheckpointingKwargs,
+        AORecipeKwargs,
+        ParallelismConfig,
+        TERecipeKwargs,
+    )
     from overdrive.resolve.deepspeed import DeepSpeedSettings
 
 def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradient_accumulation_steps: int,

@@ -113,30 +113,41 @@ def apply_model_path(model: nn.Module, mesh: ParallelMesh, transforms: ModelTran
     return data_parallel(model) if data_parallel is not None else model
 
 def apply_parallelism(model: nn.Module, mesh: ParallelMesh, config: ModelTransforms) -> nn.Module:
-    """Apply every parallelism ``config`` asks for to ``model``, in place, over ``mesh``."""
-    from overdrive.transforms import fully_shard as dp
-    from overdrive.transforms.activation_checkpointing import apply_activation_checkpointing
-    from overdrive.transforms.blocks import blocks_to_wrap
-    from overdrive.transforms.compile import apply_compile
-    from overdrive.transforms.tensor_parallel import apply_tensor_parallel, match_blocks, plan_from_patterns
-
+    """Apply every parallelism ``config`` asks for to ``model``, in place, over ``mesh``. Each transform's
+    module is imported only when it is used (one process with no transform imports none of them)."""
     tp_mesh = mesh.get("tp")
     if tp_mesh is not None:
+        from overdrive.transforms.tensor_parallel import (
+            apply_tensor_parallel,
+            match_blocks,
+            plan_from_patterns,
+        )
+
         plan = (plan_from_patterns(model, config.tp_plan, config.sequence_parallel, tp_mesh.size()) if config.tp_plan
                 else match_blocks(model, tp_mesh.size(), config.sequence_parallel))
         apply_tensor_parallel(model, tp_mesh, plan)
     # Context parallel changes no module: attention is split while ``maybe_context_parallel`` is open.
+    fsdp_mesh = mesh.fsdp_mesh()
+    if not (config.activation_checkpointing or config.compile is not None or fsdp_mesh is not None):
+        return model
+    from overdrive.transforms.blocks import blocks_to_wrap
+
     blocks = blocks_to_wrap(model, list(config.block_names) or config.fsdp.transformer_cls_names_to_wrap)
     if config.activation_checkpointing:
         if not blocks:
             raise ValueError(f"activation_checkpointing found no blocks in {type(model).__name__}; name their "
                              "classes (ActivationCheckpointingKwargs(block_names=[...]) or "
                              "transformer_cls_names_to_wrap)")
+        from overdrive.transforms.activation_checkpointing import apply_activation_checkpointing
+
         apply_activation_checkpointing(blocks)
     if config.compile is not None:
+        from overdrive.transforms.compile import apply_compile
+
         apply_compile(model, blocks, config.compile)
-    fsdp_mesh = mesh.fsdp_mesh()
     if fsdp_mesh is not None:
+        from overdrive.transforms import fully_shard as dp
+
         settings = dp.FullyShardSettings(
             reshard_after_forward=config.fsdp.reshard,
             mp_policy=dp.mixed_precision_policy(config.fsdp, config.precision),
