@@ -193,15 +193,15 @@ def _kill_during_save(root: str) -> dict[str, Any]:
     run.acc.save_state()
     train(run, 8)
     if rank == 1:
-        from torch.distributed.checkpoint import FileSystemWriter
+        from overdrive.checkpoint.writer import ChecksummingWriter
 
-        original = FileSystemWriter.write_data
+        original = ChecksummingWriter.write_data
 
         def write_then_die(self: Any, plan: Any, planner: Any) -> Any:
             original(self, plan, planner).wait()
             os.kill(os.getpid(), signal.SIGKILL)
 
-        FileSystemWriter.write_data = write_then_die
+        ChecksummingWriter.write_data = write_then_die
     try:
         run.acc.save_state()
         outcome = "saved"

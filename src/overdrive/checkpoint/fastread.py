@@ -83,11 +83,15 @@ def read_in_place(file: Any, item_offset: int, item_length: int, request: ReadIt
 def _saved_tensor(archive: _Slice) -> tuple[Any, int] | None:
     """What ``torch.save`` put in ``archive``, built on the meta device (its header only: no data read), and
     where its storage's bytes start in the archive; None for anything but one uncompressed storage in this
-    machine's byte order."""
+    machine's byte order.
+
+    Records are read raw, without checking their zip CRC-32: overdrive's writer leaves those out (the
+    manifest's CRC-32 covers the whole file; see ``checkpoint/writer.py``)."""
     with zipfile.ZipFile(archive) as members:
         prefix = members.namelist()[0].split("/", 1)[0]
         names = set(members.namelist())
-        order = members.read(f"{prefix}/byteorder").decode() if f"{prefix}/byteorder" in names else "little"
+        order = _record(archive, members.getinfo(f"{prefix}/byteorder")).decode() \
+            if f"{prefix}/byteorder" in names else "little"
         if order != sys.byteorder:
             return None
         keys: list[str] = []
@@ -99,21 +103,35 @@ def _saved_tensor(archive: _Slice) -> tuple[Any, int] | None:
             untyped = torch.UntypedStorage(numel * dtype.itemsize, device="meta")
             return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
-        unpickler = _weights_only_unpickler.Unpickler(io.BytesIO(members.read(f"{prefix}/data.pkl")),
-                                                      encoding="utf-8")
+        unpickler = _weights_only_unpickler.Unpickler(
+            io.BytesIO(_record(archive, members.getinfo(f"{prefix}/data.pkl"))), encoding="utf-8")
         unpickler.persistent_load = storage
         saved = unpickler.load()
         if len(keys) != 1:
             return None
         record = members.getinfo(f"{prefix}/data/{keys[0]}")
-        if record.compress_type != zipfile.ZIP_STORED:
-            return None
+    return saved, _record_start(archive, record)
+
+
+def _record_start(archive: _Slice, record: zipfile.ZipInfo) -> int:
+    """Where the bytes of the uncompressed ``record`` start in ``archive`` (after its local file header)."""
+    if record.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{record.filename} is compressed")
     archive.seek(record.header_offset)
     header = archive.read(30)  # the local file header: its name and extra field lengths end it
-    if len(header) != 30 or header[:4] != b"PK\x03\x04":
-        return None
+    if header is None or len(header) != 30 or header[:4] != b"PK\x03\x04":
+        raise ValueError(f"{record.filename} has no local file header")
     name_length, extra_length = struct.unpack("<HH", header[26:30])
-    return saved, record.header_offset + 30 + name_length + extra_length
+    return record.header_offset + 30 + name_length + extra_length
+
+
+def _record(archive: _Slice, record: zipfile.ZipInfo) -> bytes:
+    """The bytes of a small uncompressed record, read raw."""
+    archive.seek(_record_start(archive, record))
+    data = archive.read(record.file_size)
+    if data is None or len(data) != record.file_size:
+        raise ValueError(f"{record.filename} is cut short")
+    return data
 
 
 def _read_exactly(file: Any, offset: int, target: torch.Tensor) -> None:

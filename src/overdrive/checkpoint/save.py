@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from overdrive.checkpoint import background, naming, space
@@ -37,6 +36,7 @@ from overdrive.checkpoint.storage import (
     manifest_data,
     write_json,
 )
+from overdrive.checkpoint.writer import ChecksummingWriter
 from overdrive.prepared import TrainingState
 
 STATE_FILE = "state.json"
@@ -109,11 +109,11 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         except Exception as exc:  # noqa: BLE001 - reported on every rank
             error, needed = exc, 0
         group.check(error, f"save_state({str(target)!r})")
-        writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True, thread_count=WRITER_THREADS)
+        writer = ChecksummingWriter(temporary, WRITER_THREADS)  # the data files' CRC-32s come with the write
         planner = DefaultSavePlanner(flatten_state_dict=False)
 
         def publish(over: Group, metadata: Any) -> None:
-            everything = over.gather(_describe_own_files(over, temporary, metadata))
+            everything = over.gather(_describe_own_files(over, temporary, metadata, writer.checksums))
             over.run_on_main(lambda: _finish(run, over, temporary, target, token, everything, summary),
                              f"save_state({str(target)!r}) could not publish the checkpoint")
             if replicate:
@@ -195,7 +195,10 @@ def engine_of(run: TrainingState) -> Any:
 
 
 def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list[int]) -> tuple[dict, dict]:
-    """Write ``rank_<r>.json`` (and ``state.json`` on rank 0); return DCP's flat state dict and a summary."""
+    """Write ``rank_<r>.json`` (and ``state.json`` on rank 0); return DCP's flat state dict and a summary.
+
+    The JSON files are fsync'ed later, when the manifest describes them (in the background for an async
+    save: the training loop does not wait for the disk)."""
     engine = engine_of(run)
     owned = engine.owns if engine is not None else lambda obj: False
     kept = [i for i in kept if not owned(run.objects.models[i])]
@@ -222,7 +225,7 @@ def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list
     generators = [getattr(loader, "generator", None) for loader in run.objects.dataloaders]
     write_json(folder / rank_file(group.rank), {
         "rank": group.rank, "rng": encode(capture_rng(device)),
-        "loader_generators": [None if g is None else encode(g.get_state()) for g in generators]})
+        "loader_generators": [None if g is None else encode(g.get_state()) for g in generators]}, sync=False)
     summary = {"models": kept, "optimizers": len(optimizers), "schedulers": len(run.objects.schedulers),
                "dataloaders": len(run.objects.dataloaders), "custom_objects": len(run.objects.custom_objects),
                "scaler": run.scaler is not None, "step": run.window.step,
@@ -251,17 +254,20 @@ def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list
                        for i, s in enumerate(run.objects.schedulers)],
         "scaler": encode(scaler_state) if scaler_state else None,
         "dataloaders": [encode(loader_record(loader)) for loader in run.objects.dataloaders],
-        "custom_objects": custom})
+        "custom_objects": custom}, sync=False)
     return flat, summary
 
 
-def _describe_own_files(group: Group, folder: Path, metadata: Any) -> dict[str, dict[str, Any]]:
-    """Size and checksum of the files this rank wrote (rank 0 also DCP's metadata and state.json)."""
+def _describe_own_files(group: Group, folder: Path, metadata: Any,
+                        written: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Size and checksum of the files this rank wrote (rank 0 also DCP's metadata and state.json); those of
+    the data files come from the writer (``written``), which computed them on the way out."""
     data_files = sorted({info.relative_path for info in metadata.storage_data.values()})
     names = [name for name in data_files if name.startswith(f"__{group.rank}_")] + [rank_file(group.rank)]
     if group.rank == 0:
         names += [DCP_METADATA, STATE_FILE]
-    return describe_many(folder, names, group.rank)
+    known = {name: {**written[name], "rank": group.rank} for name in names if name in written}
+    return {**known, **describe_many(folder, [name for name in names if name not in known], group.rank)}
 
 
 def _finish(run: TrainingState, group: Group, temporary: Path, target: Path, token: str,

@@ -69,8 +69,11 @@ def _checksum_by_reading(f: Any) -> str:
 
 
 def describe(folder: Path, name: str, rank: int) -> dict[str, Any]:
-    """What the manifest records of one file: size, checksum and the rank that wrote it."""
+    """What the manifest records of one file: size, checksum and the rank that wrote it. The file is
+    flushed to the disk first (it becomes part of a checkpoint that is published after this)."""
     path = folder / name
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
     return {"size": path.stat().st_size, "crc32": checksum(path), "rank": rank}
 
 
@@ -84,12 +87,14 @@ def describe_many(folder: Path, names: list[str], rank: int) -> dict[str, dict[s
         return dict(zip(names, pool.map(lambda name: describe(folder, name, rank), names)))
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON and flush it to the disk (it is renamed into place later)."""
+def write_json(path: Path, data: Any, sync: bool = True) -> None:
+    """Write ``data`` as JSON and (``sync``) flush it to the disk (it is renamed into place later; without
+    ``sync``, :func:`describe` flushes it when the manifest records it)."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, separators=(",", ":"), allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def read_json(path: Path) -> Any:
