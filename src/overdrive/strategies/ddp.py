@@ -92,13 +92,13 @@ def compress_hook(dtype: torch.dtype) -> Callable:
 
 
 def _comm_hook(options: DistributedDataParallelKwargs, group: Any = None) -> tuple[Any, Callable] | None:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
     kind, wrapper = Hook(options.comm_hook), Hook(options.comm_wrapper)
     if kind == Hook.NO:
         return None
     if kind in (Hook.FP16, Hook.BF16):
         return group, compress_hook(torch.float16 if kind == Hook.FP16 else torch.bfloat16)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook  # PowerSGD only
+
     state = powerSGD_hook.PowerSGDState(process_group=group, **options.comm_state_option)
     hook = powerSGD_hook.powerSGD_hook if kind == Hook.POWER_SGD else powerSGD_hook.batched_powerSGD_hook
     if wrapper == Hook.FP16:
