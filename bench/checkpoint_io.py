@@ -30,6 +30,7 @@ import argparse
 import gc
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "load_state": load_state,
            "load_state(verify=False)": load_state_unverified, "torch.load": torch_load}
     samples: dict[str, list[tuple[float, int]]] = {name: [] for name in ops}
+    cpu: dict[str, list[float]] = {name: [] for name in ops}  # CPU seconds of the process (all its threads)
     try:
         save_state()  # warm-up: imports, first-call costs
         torch_save()
@@ -168,14 +170,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 gc.collect()
                 os.sync()  # the previous operation's writeback must not be billed to this one
                 with PeakRSS() as memory:
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     ops[name]()
-                    elapsed = time.perf_counter() - start
+                    elapsed, used = time.perf_counter() - start, time.process_time() - start_cpu
                 if name.startswith("save_state(async"):  # the background write, untimed, before the next op
                     from overdrive.checkpoint.background import wait_for_pending_save
 
                     wait_for_pending_save()
                 samples[name].append((elapsed, memory.extra))
+                cpu[name].append(used)
                 print(f"round {round_index + 1}: {name:<26} {elapsed:7.2f} s  +{memory.extra / 2**20:8.0f} MiB",
                       file=sys.stderr, flush=True)
         digests = {kind: statistics.median(digest_seconds(ckpt, kind) for _ in range(args.rounds))
@@ -183,25 +186,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sizes = {"save_state": files_bytes(ckpt), "torch.save": files_bytes(plain)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"params": params, "state_bytes": sizes, "digests_s": digests,
+    ratios = {}
+    for name, (mine, reference, target) in RATIOS.items():
+        wall = [a / b for (a, _), (b, _) in zip(samples[mine], samples[reference])]
+        cpu_ratio = [a / b for a, b in zip(cpu[mine], cpu[reference]) if b > 0]
+        low, high = median_ci(wall)
+        verdict = "met" if high <= target else "missed" if low > target else "not resolved"
+        ratios[name] = {"reference": reference, "target": target, "wall_median": statistics.median(wall),
+                        "wall_ci95": [low, high], "wall_per_round": wall, "verdict": verdict,
+                        "cpu_median": statistics.median(cpu_ratio) if cpu_ratio else None}
+    return {"params": params, "state_bytes": sizes, "digests_s": digests, "ratios": ratios,
+            "cpu_seconds": {name: statistics.median(v) for name, v in cpu.items()},
             "median": {name: {"seconds": statistics.median(s for s, _ in v),
                               "peak_extra_mib": statistics.median(m for _, m in v) / 2**20}
                        for name, v in samples.items()},
             "samples": samples}
 
 
+#: The ratios issue 15 sets targets for: (operation, its reference, target), per round, same run.
+RATIOS = {"save_state / torch.save": ("save_state", "torch.save", 1.0),
+          "async blocked / torch.save": ("save_state(async_save=True), blocked", "torch.save", 0.1),
+          "load_state / torch.load": ("load_state", "torch.load", 1.0)}
+
+
+def median_ci(values: list[float]) -> tuple[float, float]:
+    """A distribution-free ~95% confidence interval of the median (order statistics)."""
+    ordered, n = sorted(values), len(values)
+    k = max(0, int((n - 1.96 * math.sqrt(n)) / 2))
+    return ordered[k], ordered[n - 1 - k]
+
+
 def table(result: dict[str, Any], args: argparse.Namespace) -> str:
     gb = result["state_bytes"]["save_state"] / 1e9
     lines = [f"{result['params'] / 1e6:.1f}M parameters + AdamW state; checkpoint {gb:.2f} GB "
              f"(torch.save file {result['state_bytes']['torch.save'] / 1e9:.2f} GB); {args.rounds} rounds",
-             "", "| operation | median time (s) | fastest - slowest (s) | GB/s at the median | "
-             "peak RSS above start, median (MiB) |", "|---|---|---|---|---|"]
+             "", "| operation | median time (s) | fastest - slowest (s) | CPU s, median | GB/s at the median | "
+             "peak RSS above start, median (MiB) |", "|---|---|---|---|---|---|"]
     for name, row in result["median"].items():
         times = [t for t, _ in result["samples"][name]]
         lines.append(f"| {name} | {row['seconds']:.2f} | {min(times):.2f} - {max(times):.2f} | "
-                     f"{gb / row['seconds']:.2f} | {row['peak_extra_mib']:.0f} |")
+                     f"{result['cpu_seconds'][name]:.2f} | {gb / row['seconds']:.2f} | {row['peak_extra_mib']:.0f} |")
     for kind, seconds in result["digests_s"].items():
-        lines.append(f"| {kind} of every file (alone, warm cache) | {seconds:.2f} | | {gb / seconds:.2f} | - |")
+        lines.append(f"| {kind} of every file (alone, warm cache) | {seconds:.2f} | | | {gb / seconds:.2f} | - |")
+    lines += ["", "| ratio (per round, same run) | median [95% CI] | per round | CPU-time ratio, median | target | "
+              "verdict |", "|---|---|---|---|---|---|"]
+    for name, row in result["ratios"].items():
+        low, high = row["wall_ci95"]
+        cpu_ratio = "-" if row["cpu_median"] is None else f"x{row['cpu_median']:.3f}"
+        lines.append(f"| {name} | x{row['wall_median']:.3f} [{low:.3f}-{high:.3f}] | "
+                     f"{min(row['wall_per_round']):.2f}-{max(row['wall_per_round']):.2f} | {cpu_ratio} | "
+                     f"<= x{row['target']} | {row['verdict']} |")
     return "\n".join(lines)
 
 
@@ -217,12 +251,17 @@ def main() -> int:
     if os.environ.get(MALLOC_ENV) is None:  # must be set before the process starts to take effect
         os.environ[MALLOC_ENV] = "131072"
         os.execv(sys.executable, [sys.executable, *sys.argv])
+    load_start = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     result = run(args)
+    result["load_average"] = {"start": load_start, "end": os.getloadavg()}
+    result["started"] = started
     result["setup"] = {"argv": sys.argv, "python": platform.python_version(), "machine": platform.machine(),
                        "cpus": os.cpu_count(), MALLOC_ENV: os.environ[MALLOC_ENV]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(table(result, args))
+    print(f"\nstarted {started}; load average (1, 5, 15 min) at start {load_start}, at end {os.getloadavg()}")
     return 0
 
 
