@@ -58,6 +58,55 @@ def _second_run(cache_dir: str) -> dict[str, int]:
     return _compile_once(cache_dir)
 
 
+def _regional_run(cache_dir: str) -> dict[str, Any]:
+    """Regional compilation of four identical blocks through ``prepare()``: the compile counters, and the
+    largest difference of the output and the gradients from the same model run eagerly."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    import copy
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from overdrive import Accelerator, TorchDynamoPlugin
+
+    class Block(torch.nn.Module):  # bias-free linear: extern matmul kernels forward and backward, no C++ build
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(x)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    reference = Net()
+    accelerator = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="inductor",
+                                                                        use_regional_compilation=True))
+    model = accelerator.prepare(copy.deepcopy(reference))
+    counters.clear()
+    # the input requires grad, as a block's input does after an embedding: one graph serves every block
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    out, expected = model(x), reference(x)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    worst = max([(out - expected).abs().max().item()]
+                + [(a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())
+                   if a.grad is not None and b.grad is not None])
+    return {"graphs": counters["stats"]["unique_graphs"], "recompiles": sum(counters["recompiles"].values()),
+            "grads": sum(p.grad is not None for p in model.parameters()), "worst": worst,
+            **{f"inductor.{k}": v for k, v in counters["inductor"].items() if "cache" in k},
+            **{f"aot.{k}": v for k, v in counters["aot_autograd"].items() if "cache" in k}}
+
+
 @pytest.mark.timeout(300)
 def test_second_run_and_every_rank_hit_the_inductor_cache(tmp_path: Path):
     shared, empty = str(tmp_path / "inductor"), str(tmp_path / "empty")
@@ -74,3 +123,17 @@ def test_second_run_and_every_rank_hit_the_inductor_cache(tmp_path: Path):
         assert counts.get("inductor.fxgraph_cache_hit", 0) > 0, (rank, counts)
         assert counts.get("inductor.fxgraph_cache_miss", 0) == 0, (rank, counts)
         assert counts.get("aot.autograd_cache_hit", 0) > 0, (rank, counts)
+
+
+@pytest.mark.timeout(300)
+def test_regional_compile_builds_one_forward_and_backward_for_all_blocks_and_a_second_run_reuses_them(
+        tmp_path: Path):
+    cache = str(tmp_path / "inductor")
+    (first,) = run_distributed(_regional_run, 1, cache, timeout=240)
+    # four blocks, one dynamo graph, inductor compiled one forward and one backward graph (both cache misses)
+    assert first["graphs"] == 1 and first["recompiles"] == 0 and first["grads"] == 4, first
+    assert first.get("inductor.fxgraph_cache_miss", 0) == 2 and first.get("inductor.fxgraph_cache_hit", 0) == 0, first
+    assert first["worst"] < 1e-5, first  # the compiled blocks compute what the eager ones do
+    (second,) = run_distributed(_regional_run, 1, cache, timeout=240)  # a new process, the same cache folder
+    assert second.get("inductor.fxgraph_cache_hit", 0) == 2 and second.get("inductor.fxgraph_cache_miss", 0) == 0, second
+    assert second.get("aot.autograd_cache_hit", 0) == 1 and second["worst"] < 1e-5, second
