@@ -4,6 +4,10 @@
 Tiny BERT classifier and Llama causal LM built from configs (no downloads), shuffling off, gradient
 accumulation 2, a checkpoint half way, evaluate, predict (7 rows: uneven over 2 ranks), save, and a second
 Trainer resumed from the half-way checkpoint. See tests/scripts/hf_trainer_run.py.
+
+Runs that several tests compare with (the one-process fp32 runs, the real Accelerate's two-process bf16 runs)
+are module fixtures, and one process runs several models one after the other: each Python start with
+transformers costs ~8 s of CPU, more than the training itself.
 """
 
 from __future__ import annotations
@@ -38,33 +42,56 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("ACCELERATE_")}
 
 
-def _result(out: Path, proc: subprocess.CompletedProcess) -> dict:
+def _results(out: Path, jobs: tuple[str, ...], proc: subprocess.CompletedProcess) -> dict[str, dict]:
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
-    return json.loads((out / "result.json").read_text())
+    return {job: json.loads((out / job / "result.json").read_text()) for job in jobs}
 
 
-def run_one(tmp_path: Path, name: str, *flags: str) -> dict:
-    """One process: plain python (the real Accelerate unless --alias)."""
+def run_one(tmp_path: Path, name: str, *jobs: str, flags: tuple[str, ...] = ()) -> dict[str, dict]:
+    """One process: plain python (the real Accelerate unless --alias) running ``jobs`` one after the other."""
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, SCRIPT, str(out), *flags], capture_output=True, text=True, timeout=300,
-                          env=_env(tmp_path), cwd=tmp_path)
-    return _result(out, proc)
+    proc = subprocess.run([sys.executable, SCRIPT, str(out), *jobs, *flags], capture_output=True, text=True,
+                          timeout=300 + 60 * len(jobs), env=_env(tmp_path), cwd=tmp_path)
+    return _results(out, jobs, proc)
 
 
-def run_two(tmp_path: Path, name: str, *flags: str, overdrive: bool, processes: int = 2,
-            as_accelerate: bool = True) -> dict:
+def run_two(tmp_path: Path, name: str, *jobs: str, flags: tuple[str, ...] = (), overdrive: bool, processes: int = 2,
+            as_accelerate: bool = True) -> dict[str, dict]:
     """``processes`` processes: ``overdrive launch`` (``--as_accelerate``, or the script's own alias call with
     ``--alias``) or torchrun with the real Accelerate."""
     out = tmp_path / name
     if overdrive:
         command = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
                    *(["--as_accelerate"] if as_accelerate else []),
-                   *(["--mixed_precision", "bf16"] if "--bf16" in flags else []), SCRIPT, str(out), *flags]
+                   *(["--mixed_precision", "bf16"] if "--bf16" in flags else []), SCRIPT, str(out), *jobs, *flags]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), SCRIPT,
-                   str(out), *flags]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=420, env=_env(tmp_path), cwd=tmp_path)
-    return _result(out, proc)
+                   str(out), *jobs, *flags]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=420 + 60 * len(jobs), env=_env(tmp_path),
+                          cwd=tmp_path)
+    return _results(out, jobs, proc)
+
+
+def _has_peft_and_trl() -> bool:
+    return importlib.util.find_spec("peft") is not None and importlib.util.find_spec("trl") is not None
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The fp32 one-process runs, ours (the alias) and the real Accelerate's: BERT and Llama in one process
+    each (a Python start with transformers costs ~8 s of CPU), and on ours LoRA and SFT after them."""
+    root = tmp_path_factory.mktemp("one_process")
+    extra = ("lora", "sft") if _has_peft_and_trl() else ()
+    ours = run_one(root, "ours", "bert", "llama", *extra, flags=("--alias",))
+    theirs = run_one(root, "theirs", "bert", "llama")
+    return ours, theirs
+
+
+@pytest.fixture(scope="module")
+def two_process_reference(tmp_path_factory) -> dict[str, dict]:
+    """The real Accelerate on 2 processes (torchrun) in bf16, BERT and Llama in one launch."""
+    root = tmp_path_factory.mktemp("two_process_reference")
+    return run_two(root, "theirs", "bert", "llama", flags=("--bf16",), overdrive=False)
 
 
 def assert_close(ours: list[float], theirs: list[float], tolerance: float) -> None:
@@ -82,11 +109,10 @@ def check_run(run: dict, eval_rows: int = 7) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # the first test of the module runs the fixture's two processes (6 Trainer jobs)
 @pytest.mark.parametrize("model", ["bert", "llama"])
-def test_trainer_one_process_matches_accelerate(tmp_path, model):
-    ours = run_one(tmp_path, "ours", "--model", model, "--alias")
-    theirs = run_one(tmp_path, "theirs", "--model", model)
+def test_trainer_one_process_matches_accelerate(one_process, model):
+    ours, theirs = one_process[0][model], one_process[1][model]
     assert theirs["library"] == "accelerate"
     check_run(ours)
     assert_close(ours["losses"], theirs["losses"], 1e-4)
@@ -94,14 +120,15 @@ def test_trainer_one_process_matches_accelerate(tmp_path, model):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (test extra)")
-def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path):
+def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path, one_process):
     """Trainer(args.deepspeed=ZeRO-2 config) on overdrive trains, checkpoints (the Trainer pickles its
-    arguments, which hold the state), evaluates and resumes like the same run without DeepSpeed; the real
-    Accelerate gives the two runs the same losses too (measured; its DeepSpeed run is too slow for CI)."""
-    ours = run_one(tmp_path, "zero2", "--model", "bert", "--alias", "--deepspeed", "2")
-    plain = run_one(tmp_path, "plain", "--model", "bert", "--alias")
+    arguments, which hold the state), evaluates and resumes like the same run without DeepSpeed (the one
+    ``test_trainer_one_process_matches_accelerate`` compares with the real Accelerate); the real Accelerate gives
+    the two runs the same losses too (measured; its DeepSpeed run is too slow for CI)."""
+    ours = run_one(tmp_path, "zero2", "bert", flags=("--alias", "--deepspeed", "2"))["bert"]
+    plain = one_process[0]["bert"]
     assert ours["distributed_type"].endswith("DEEPSPEED") and not plain["distributed_type"].endswith("DEEPSPEED")
     check_run(ours)
     assert_close(ours["losses"], plain["losses"], 1e-4)
@@ -111,9 +138,9 @@ def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path)
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(tmp_path):
-    ours = run_two(tmp_path, "ours", "--model", "llama", "--bf16", overdrive=True)
-    theirs = run_two(tmp_path, "theirs", "--model", "llama", "--bf16", overdrive=False)
+def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(tmp_path, two_process_reference):
+    ours = run_two(tmp_path, "ours", "llama", flags=("--bf16",), overdrive=True)["llama"]
+    theirs = two_process_reference["llama"]
     assert theirs["library"] == "accelerate" and theirs["num_processes"] == 2
     assert ours["num_processes"] == 2 and ours["mixed_precision"] == "bf16"
     check_run(ours)
@@ -123,16 +150,16 @@ def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(tmp_
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(1200)
-def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_call(tmp_path):
+def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_call(tmp_path, two_process_reference):
     """BERT in bf16: 1 process through ``overdrive launch --as_accelerate``, and 2 processes through
     ``overdrive launch`` whose script calls ``install_as_accelerate()`` itself; each against the real Accelerate."""
-    one = run_two(tmp_path, "one", "--model", "bert", "--bf16", overdrive=True, processes=1)
-    one_ref = run_one(tmp_path, "one_ref", "--model", "bert", "--bf16")
+    one = run_two(tmp_path, "one", "bert", flags=("--bf16",), overdrive=True, processes=1)["bert"]
+    one_ref = run_one(tmp_path, "one_ref", "bert", flags=("--bf16",))["bert"]
     assert one["num_processes"] == 1 and one["mixed_precision"] == "bf16" and one_ref["library"] == "accelerate"
     check_run(one)
     assert_close(one["losses"], one_ref["losses"], 2e-2)
-    two = run_two(tmp_path, "two", "--model", "bert", "--bf16", "--alias", overdrive=True, as_accelerate=False)
-    two_ref = run_two(tmp_path, "two_ref", "--model", "bert", "--bf16", overdrive=False)
+    two = run_two(tmp_path, "two", "bert", flags=("--bf16", "--alias"), overdrive=True, as_accelerate=False)["bert"]
+    two_ref = two_process_reference["bert"]
     assert two["num_processes"] == 2 and two["mixed_precision"] == "bf16" and two_ref["num_processes"] == 2
     check_run(two)
     assert_close(two["losses"], two_ref["losses"], 2e-2)
@@ -140,15 +167,15 @@ def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_ca
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_peft_lora_changes_only_adapters_and_trl_sft_trains(tmp_path):
-    if importlib.util.find_spec("peft") is None or importlib.util.find_spec("trl") is None:
+@pytest.mark.timeout(900)
+def test_peft_lora_changes_only_adapters_and_trl_sft_trains(one_process):
+    if not _has_peft_and_trl():
         pytest.skip("needs peft and trl (test extra)")
-    lora = run_one(tmp_path, "lora", "--model", "bert", "--alias", "--peft")
+    lora = one_process[0]["lora"]
     assert lora["changed"] and all("lora_" in name or "classifier" in name for name in lora["changed"]), lora["changed"]
     assert any("lora_" in name for name in lora["changed"])
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(lora["saved"])
-    sft = run_one(tmp_path, "sft", "--model", "llama", "--alias", "--sft")
+    sft = one_process[0]["sft"]
     assert sft["library"] == "overdrive" and len(sft["sft_losses"]) == 3
     assert all(math.isfinite(loss) for loss in sft["sft_losses"])
 

@@ -1,12 +1,16 @@
-"""A transformers ``Trainer`` run on a tiny model built from a config (no downloads), for the compat tests.
+"""transformers ``Trainer`` runs on tiny models built from configs (no downloads), for the compat tests.
 
-    python hf_trainer_run.py OUT --model bert|llama [--alias] [--bf16] [--peft] [--sft]
+    python hf_trainer_run.py OUT JOB [JOB ...] [--alias] [--bf16] [--deepspeed STAGE]
 
-Trains with gradient accumulation (shuffling off), saves a checkpoint half way, evaluates, predicts, saves
-the model, then resumes a second Trainer from the half-way checkpoint and trains to the end. Rank 0 writes
-OUT/result.json: the losses of both runs, eval loss, the number of predicted rows, what it saved, and which
-library ran it. ``--alias`` calls overdrive.install_as_accelerate() first (without it, ``import accelerate``
-is whatever the process has: the real package, or overdrive under ``overdrive launch --as_accelerate``).
+JOB is ``bert`` (a classifier) or ``llama`` (a causal LM): train with gradient accumulation (shuffling off),
+save a checkpoint half way, evaluate, predict, save the model, then resume a second Trainer from the half-way
+checkpoint and train to the end; ``lora`` (BERT with a PEFT LoRA adapter: which weights changed, what was
+saved); ``sft`` (TRL's SFTTrainer on Llama, 3 steps). The jobs run one after the other in this process (each
+Python start with transformers costs ~8 s of CPU; several Trainers in one process is what the resumed run
+does anyway). Rank 0 writes OUT/JOB/result.json for each: the losses, eval loss, the number of predicted rows,
+what it saved, and which library ran it. ``--alias`` calls overdrive.install_as_accelerate() first (without
+it, ``import accelerate`` is whatever the process has: the real package, or overdrive under ``overdrive
+launch --as_accelerate``).
 """
 
 from __future__ import annotations
@@ -20,14 +24,15 @@ from pathlib import Path
 STEPS, HALF = 6, 3
 
 
+JOBS = ("bert", "llama", "lora", "sft")
+
+
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--model", choices=("bert", "llama"), default="bert")
+    parser.add_argument("jobs", nargs="+", choices=JOBS)
     parser.add_argument("--alias", action="store_true")
     parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--peft", action="store_true")
-    parser.add_argument("--sft", action="store_true")
     parser.add_argument("--deepspeed", type=int, default=None, help="ZeRO stage: train through DeepSpeed")
     return parser.parse_args()
 
@@ -109,20 +114,25 @@ def main() -> None:
         import overdrive
 
         overdrive.install_as_accelerate()
+    for job in args.jobs:
+        run(job, Path(args.out) / job, args.bf16)
+
+
+def run(job: str, out: Path, bf16: bool) -> None:
     import accelerate
     from transformers import Trainer
 
-    out = Path(args.out)
-    model = build(args.model)
-    train, evaluation = Rows(args.model, 40, 1), Rows(args.model, 7, 2)  # 7 rows: uneven over 2 ranks
+    kind = {"lora": "bert", "sft": "llama"}.get(job, job)
+    model = build(kind)
+    train, evaluation = Rows(kind, 40, 1), Rows(kind, 7, 2)  # 7 rows: uneven over 2 ranks
     result: dict = {"library": "overdrive" if accelerate.__name__ == "overdrive" else "accelerate"}
-    if args.peft:
+    if job == "lora":
         from peft import LoraConfig, get_peft_model
 
-        targets = ["query", "value"] if args.model == "bert" else ["q_proj", "v_proj"]
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"],
+                                                 lora_dropout=0.0))
         before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    if args.sft:
+    if job == "sft":
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
 
@@ -135,8 +145,7 @@ def main() -> None:
         result["sft_losses"] = losses(trainer)
         _write(out, result, trainer)
         return
-    trainer = Trainer(model=model, args=arguments(out / "run", args.bf16), train_dataset=train,
-                      eval_dataset=evaluation)
+    trainer = Trainer(model=model, args=arguments(out / "run", bf16), train_dataset=train, eval_dataset=evaluation)
     trainer.train()
     result["losses"] = losses(trainer)
     result["eval_loss"] = trainer.evaluate()["eval_loss"]
@@ -148,13 +157,13 @@ def main() -> None:
     trainer.save_model(str(out / "saved"))
     trainer.accelerator.wait_for_everyone()
     result["saved"] = sorted(p.name for p in (out / "saved").iterdir())
-    if args.peft:
+    if job == "lora":
         after = dict(trainer.model.named_parameters())
         changed = sorted(k for k, v in before.items() if not bool((after[k].detach().cpu() == v.cpu()).all()))
         result["changed"] = changed
         _write(out, result, trainer)
         return
-    resumed = Trainer(model=build(args.model), args=arguments(out / "run", args.bf16), train_dataset=train,
+    resumed = Trainer(model=build(kind), args=arguments(out / "run", bf16), train_dataset=train,
                       eval_dataset=evaluation)
     resumed.train(resume_from_checkpoint=str(out / "run" / f"checkpoint-{HALF}"))
     result["resumed_losses"] = losses(resumed)
@@ -166,6 +175,7 @@ def _write(out: Path, result: dict, trainer) -> None:
         result["num_processes"] = trainer.accelerator.num_processes
         result["mixed_precision"] = str(trainer.accelerator.mixed_precision)
         result["distributed_type"] = str(trainer.accelerator.distributed_type)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(result))
     print("RESULT", json.dumps(result), file=sys.stderr if os.environ.get("QUIET") else sys.stdout)
 
