@@ -48,23 +48,38 @@ def _destroy_process_group() -> None:
 
 @pytest.fixture(autouse=True)
 def _no_process_group_left_behind() -> Iterator[None]:
-    """Fail the test that leaves a torch.distributed process group in the pytest process (the tests after it
-    would run inside that group), and destroy the group so that they don't. Costs a dictionary lookup
-    unless torch.distributed was imported."""
+    """Fail the test that leaves a torch.distributed process group or a new LOCAL_RANK in the pytest process
+    (the tests after it would run inside that group, or the real Accelerate would try to join one), and undo
+    both so that they don't. Costs two dictionary lookups unless torch.distributed was imported."""
+    local_rank = os.environ.get("LOCAL_RANK")
     yield
+    left = []
+    if os.environ.get("LOCAL_RANK") != local_rank:
+        left.append(f"LOCAL_RANK={os.environ.get('LOCAL_RANK')!r} (was {local_rank!r})")
+        if local_rank is None:
+            del os.environ["LOCAL_RANK"]
+        else:
+            os.environ["LOCAL_RANK"] = local_rank
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         _destroy_process_group()
-        pytest.fail("this test left a torch.distributed process group initialised; destroy it in its teardown "
-                    "(the one_process_group fixture does)", pytrace=False)
+        left.append("a torch.distributed process group initialised")
+    if left:
+        pytest.fail(f"this test left {' and '.join(left)}; undo it in its teardown (the one_process_group "
+                    "fixture does, for DeepSpeed in one process)", pytrace=False)
 
 
 @pytest.fixture
-def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def one_process_group() -> Iterator[None]:
     """For a test that runs DeepSpeed in the pytest process: DeepSpeed needs a process group (and LOCAL_RANK)
-    even for one process, and overdrive makes them; both are gone after the test."""
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    even for one process, and overdrive makes them; both are gone after the test (a LOCAL_RANK left behind
+    makes the real Accelerate of a later test join a group through env://)."""
+    local_rank = os.environ.get("LOCAL_RANK")
     yield
+    if local_rank is None:
+        os.environ.pop("LOCAL_RANK", None)
+    else:
+        os.environ["LOCAL_RANK"] = local_rank
     import torch.distributed as dist
 
     if dist.is_initialized():
