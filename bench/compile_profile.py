@@ -3,7 +3,8 @@ fresh process per variant, an empty ``TORCHINDUCTOR_CACHE_DIR``, one training st
 time in the process (``compile_threads=1``) so their CPU time is the CPU time of its child processes.
 
     .venv/bin/python bench/compile_profile.py --blocks 12            # whole and regional, ~3-5 min on 2 cores
-    .venv/bin/python bench/compile_profile.py --blocks 12 --modes regional --compile-glue
+    .venv/bin/python bench/compile_profile.py --blocks 12 --modes whole regional by-hand eager --steady 16
+    .venv/bin/python bench/compile_profile.py --blocks 12 --modes regional --caches   # what each cache saves
 
 Per variant: graphs compiled and recompiles (dynamo's counters), seconds per compile phase (torch's
 ``dynamo_timed`` metrics: dynamo tracing, AOTAutograd, inductor lowering and code generation), the number of
@@ -32,7 +33,9 @@ PHASES = ("_compile.compile_inner", "OutputGraph.call_user_compiler", "create_ao
           "Scheduler.codegen", "PyCodeCache.load_by_key_path", "async_compile.wait", "compile_file")
 
 
-def child(mode: str, blocks: int, options: dict) -> None:
+def child(mode: str, blocks: int, options: dict, artifacts: str = "") -> None:
+    """One cold (or, with ``artifacts``, mega-cache) step; ``artifacts``: a file of torch's mega-cache, loaded
+    before the compile when it exists, else written after it."""
     import torch
 
     torch.set_num_threads(1)
@@ -52,11 +55,16 @@ def child(mode: str, blocks: int, options: dict) -> None:
     from compile_time import prepared  # the benchmark's model and step
 
     cpu0, children0 = time.process_time(), _children_cpu()
+    if artifacts and Path(artifacts).exists():
+        torch.compiler.load_cache_artifacts(Path(artifacts).read_bytes())
     step = prepared(mode, blocks, options)
     start = time.perf_counter()
     step()
     first = time.perf_counter() - start
     cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    if artifacts and not Path(artifacts).exists():
+        saved = torch.compiler.save_cache_artifacts()
+        Path(artifacts).write_bytes(saved[0] if saved else b"")
     print(json.dumps({
         "mode": mode, "options": options, "first_step_s": round(first, 2),
         "python_cpu_s": round(time.process_time() - cpu0, 2), "cxx_cpu_s": round(_children_cpu() - children0, 2),
@@ -123,26 +131,40 @@ def main() -> None:
     parser.add_argument("--steady", type=int, default=0, metavar="ROUNDS",
                         help="instead: steady-state step time of --modes in one process (the default cache)")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--caches", action="store_true",
+                        help="instead: the first --modes variant cold, again with the same cache folder, and in an "
+                             "empty folder after loading the first run's mega-cache")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--artifacts", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steady:
         steady(args.modes, args.blocks, args.steps, args.steady)
         return
     if args.child:
-        child(args.child, args.blocks, json.loads(args.options))
+        child(args.child, args.blocks, json.loads(args.options), args.artifacts)
         return
     print(f"load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
-    for mode in args.modes:
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_COMPILE_THREADS": "1",
-                   "OMP_NUM_THREADS": "1"}
-            result = subprocess.run([sys.executable, __file__, "--child", mode, "--blocks", str(args.blocks),
-                                     "--options", args.options], env=env, capture_output=True, text=True,
-                                    timeout=3000)
-            if result.returncode:
-                raise SystemExit(result.stderr[-3000:])
-            print(result.stdout.strip().splitlines()[-1], flush=True)
+    with tempfile.TemporaryDirectory() as work:
+        if args.caches:
+            blob = os.path.join(work, "mega-cache.bin")
+            for label, cache in (("cold", "a"), ("second run, same folder", "a"), ("mega-cache, empty folder", "b")):
+                print(label, end=": ", flush=True)
+                _run(args.modes[0], args, os.path.join(work, cache), blob)
+        else:
+            for mode in args.modes:
+                _run(mode, args, os.path.join(work, mode))
     print(f"load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+
+
+def _run(mode: str, args: argparse.Namespace, cache: str, artifacts: str = "") -> None:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_COMPILE_THREADS": "1",
+           "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, __file__, "--child", mode, "--blocks", str(args.blocks),
+                             "--options", args.options, "--artifacts", artifacts], env=env, capture_output=True,
+                            text=True, timeout=3000)
+    if result.returncode:
+        raise SystemExit(result.stderr[-3000:])
+    print(result.stdout.strip().splitlines()[-1], flush=True)
 
 
 if __name__ == "__main__":
