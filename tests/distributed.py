@@ -1,9 +1,15 @@
 """Run a function on N real CPU processes joined by a gloo process group.
 
-Every rank gets the environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT on a free port), one intra-op thread, and a hard outer timeout. The function's return value
-of each rank comes back in rank order; an exception on any rank fails the caller with that rank's
+Every rank gets the caller's environment plus what torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT on a free port), one intra-op thread, and a hard outer timeout. The function's return
+value of each rank comes back in rank order; an exception on any rank fails the caller with that rank's
 traceback.
+
+The ranks are forked from multiprocessing's fork server, which imported torch once for the whole pytest
+session (importing torch costs each process ~2 s of CPU on a 2-core machine, and the suite starts some 150
+ranks): each rank is still a new process, holding nothing of the caller's or another rank's state, like a
+spawned one. Only torch is preloaded (it starts no thread and touches no device on import), so overdrive and
+everything else are imported fresh in every rank.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ def free_port() -> int:
 
 
 def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, env: dict,
-            queue: Any) -> None:
+            queue: Any, caller_env: dict | None = None) -> None:
+    if caller_env is not None:  # the caller's environment as it is now (the fork server has its start's)
+        os.environ.clear()
+        os.environ.update(caller_env)
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
         GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **env,
@@ -50,11 +59,14 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args:
 def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 120,
                     env: dict | None = None) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` processes; return each rank's result, in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch"])  # read when the server starts: the first call of the session
     queue = ctx.Queue()
     port = free_port()
+    caller_env = dict(os.environ)
     procs = [
-        ctx.Process(target=_worker, args=(fn, rank, world_size, port, args, env or {}, queue), daemon=True)
+        ctx.Process(target=_worker, args=(fn, rank, world_size, port, args, env or {}, queue, caller_env),
+                    daemon=True)
         for rank in range(world_size)
     ]
     for proc in procs:
