@@ -9,10 +9,13 @@
 - 2 processes: ``torchrun --nproc-per-node 2 bench/startup_plain.py`` (DDP, DistributedSampler) against
   ``overdrive launch --num_processes 2 bench/startup_overdrive.py``. Target: at most x1.02.
 
-Three measures per sample: wall time (the latest rank's clock stamp after its first step minus the time just
+Four measures per sample: wall time (the latest rank's clock stamp after its first step minus the time just
 before the command started: what the issue asks, but on a shared machine it carries seconds of other work);
-the CPU time the ranks used up to their first step (``time.process_time()`` in the scripts); and the CPU time
-of the whole process tree (launcher included) to its exit (``RUSAGE_CHILDREN``). The two commands of a setting alternate (ABBA) after a discarded warm-up pair; reported are the
+the CPU time the ranks used up to their first step (``time.process_time()`` in the scripts); the CPU time
+of the whole process tree (launcher included) to its exit (``RUSAGE_CHILDREN``); and the ranks' CPU time from
+the end of ``import torch`` (the same code in both scripts up to there) to their first step, which leaves out
+the interpreter's start and torch's import: the same work in both commands, and most of the noise on a busy
+machine. The two commands of a setting alternate (ABBA) after a discarded warm-up pair; reported are the
 medians, the median of the paired differences and ratios, and distribution-free 95% confidence intervals of
 those medians (order statistics). Writes bench/results/startup.json.
 
@@ -52,18 +55,19 @@ SETTINGS = {
 TARGET_EXTRA_MS, TARGET_RATIO = 50.0, 1.02
 
 
-def sample(command: list[str], env: dict[str, str], ranks: int) -> tuple[float, float, float]:
+def sample(command: list[str], env: dict[str, str], ranks: int) -> tuple[float, float, float, float]:
     """(wall s to the latest rank's first step, CPU s of the ranks up to their first step, CPU s of the whole
-    command tree to its exit)."""
+    command tree to its exit, CPU s of the ranks from ``import torch`` done to their first step)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.time()
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    stamps = [line.split()[2:4] for line in result.stdout.splitlines() if line.startswith("FIRST_STEP ")]
+    stamps = [line.split()[2:5] for line in result.stdout.splitlines() if line.startswith("FIRST_STEP ")]
     if result.returncode != 0 or len(stamps) != ranks:
         raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     tree = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return max(float(s[0]) for s in stamps) - started, sum(float(s[1]) for s in stamps), tree
+    after_torch = sum(float(s[1]) - float(s[2]) for s in stamps)
+    return max(float(s[0]) for s in stamps) - started, sum(float(s[1]) for s in stamps), tree, after_torch
 
 
 def median_ci(values: list[float]) -> tuple[float, float]:
@@ -74,7 +78,7 @@ def median_ci(values: list[float]) -> tuple[float, float]:
 
 def run_setting(procs: int, rounds: int, env: dict[str, str]) -> dict:
     commands = SETTINGS[procs]
-    metrics = ("wall", "ranks_cpu", "tree_cpu")
+    metrics = ("wall", "ranks_cpu", "tree_cpu", "ranks_cpu_after_torch")
     times: dict[str, dict[str, list[float]]] = {m: {"plain": [], "overdrive": []} for m in metrics}
     for index in range(rounds + 1):
         for name in (("plain", "overdrive") if index % 2 == 0 else ("overdrive", "plain")):
@@ -123,7 +127,8 @@ def main() -> int:
                             text=True).stdout.strip()
     results = {procs: run_setting(procs, args.rounds, env) for procs in args.procs}
     labels = {"wall": "wall s to first step", "ranks_cpu": "CPU s of the ranks to first step",
-              "tree_cpu": "CPU s of all processes, to exit"}
+              "tree_cpu": "CPU s of all processes, to exit",
+              "ranks_cpu_after_torch": "CPU s of the ranks from `import torch` done to first step"}
     for procs, r in results.items():
         short = {k: v.replace(str(BIN) + "/", "").replace(str(HERE.parent) + "/", "") for k, v in r["commands"].items()}
         print(f"\n{procs} process(es): plain `{short['plain']}`, overdrive `{short['overdrive']}`, bytecode cache "
