@@ -70,6 +70,23 @@ def sample(command: list[str], env: dict[str, str], ranks: int) -> tuple[float, 
     return max(float(s[0]) for s in stamps) - started, sum(float(s[1]) for s in stamps), tree, after_torch
 
 
+def bench_env(no_bytecode_cache: bool) -> tuple[dict[str, str], tempfile.TemporaryDirectory]:
+    """The commands' environment (no inherited launch variables, no config file, one thread) and the temporary
+    bytecode cache folder it names (see the module's docstring; clean it up when done)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
+                                                                       "LOCAL_RANK", "OVERDRIVE_"))}
+    env["OVERDRIVE_CONFIG_FILE"] = os.path.join(tempfile.gettempdir(), "overdrive-bench-no-config.yaml")
+    env["OMP_NUM_THREADS"] = "1"  # what both launchers pick for 2 processes on 2 cores; the same for 1 process
+    cache = tempfile.TemporaryDirectory(prefix="overdrive-bench-pycache-")
+    if no_bytecode_cache:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = cache.name
+    return env, cache
+
+
 def median_ci(values: list[float]) -> tuple[float, float]:
     ordered, n = sorted(values), len(values)
     k = max(0, int((n - 1.96 * math.sqrt(n)) / 2))
@@ -111,17 +128,7 @@ def main() -> int:
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="PYTHONDONTWRITEBYTECODE=1: overdrive and the scripts compile from source each run")
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
-                                                                       "LOCAL_RANK", "OVERDRIVE_"))}
-    env["OVERDRIVE_CONFIG_FILE"] = os.path.join(tempfile.gettempdir(), "overdrive-bench-no-config.yaml")
-    env["OMP_NUM_THREADS"] = "1"  # what both launchers pick for 2 processes on 2 cores; the same for 1 process
-    cache = tempfile.TemporaryDirectory(prefix="overdrive-bench-pycache-")
-    if args.no_bytecode_cache:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        env.pop("PYTHONPYCACHEPREFIX", None)
-    else:
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = cache.name
+    env, cache = bench_env(args.no_bytecode_cache)
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()

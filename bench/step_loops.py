@@ -40,8 +40,11 @@ def make_data(workload: str, num_samples: int) -> TensorDataset:
     return TensorDataset(torch.randn(shape, generator=gen), torch.randint(0, 10, (num_samples,), generator=gen))
 
 
-def build_accelerator_loop(accelerator, workload, data, batch):
-    """The loop as an Accelerate user writes it, for ``accelerator`` (overdrive's or Accelerate's)."""
+def build_accelerator_loop(accelerator, workload, data, batch, micro_batches=False):
+    """The loop as an Accelerate user writes it, for ``accelerator`` (overdrive's or Accelerate's).
+
+    Returns ``(run_epoch, model)``; with ``micro_batches=True`` the first is instead a generator function
+    that runs one epoch and yields after each micro-batch (step_calls.py interleaves two loops with it)."""
     model = fresh_model(workload)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     loader = DataLoader(data, batch_size=batch, shuffle=True)
@@ -58,4 +61,15 @@ def build_accelerator_loop(accelerator, workload, data, batch):
             steps += 1
         return steps, x.shape[0]  # not len(x): Tensor.__len__ is a Python call, which step_calls.py counts
 
-    return run_epoch, model
+    # The same loop again rather than run_epoch consuming this generator: step_overhead.py times run_epoch
+    # against plain for-loops, which a generator resume per step would tilt.
+    def each_micro_batch():
+        for x, y in loader:
+            with accelerator.accumulate(prepared):
+                loss = F.cross_entropy(prepared(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            yield x.shape[0]
+
+    return (each_micro_batch if micro_batches else run_epoch), model

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, Sampler
 
 from overdrive.data import (
     BatchSamplerShard,
@@ -178,6 +178,22 @@ def test_seedable_sampler_is_a_pure_function_of_seed_and_epoch():
     assert len(list(more)) == 12 and sorted(list(more)[:10]) == sorted(list(range(5)) * 2)
     drawn = list(SeedableRandomSampler(range(5), replacement=True, num_samples=40, seed=2))
     assert len(drawn) == 40 and set(drawn) <= set(range(5)) and len(set(drawn)) < 40
+
+
+@pytest.mark.parametrize(("size", "num_samples"), [(50, None), (7, 3), (5, 12), (5, 15), (1, 4)])
+def test_seedable_sampler_order_is_torch_random_samplers_with_a_seed_and_epoch_generator(size, num_samples):
+    # The order is part of every checkpoint's meaning (a resumed epoch recomputes it), so it is pinned to
+    # torch's own RandomSampler drawing from a generator seeded with seed + epoch.
+    sampler = SeedableRandomSampler(range(size), num_samples=num_samples, seed=11)
+    for epoch in (0, 3):
+        sampler.set_epoch(epoch)
+        reference = RandomSampler(range(size), num_samples=num_samples,
+                                  generator=torch.Generator().manual_seed(11 + epoch))
+        assert list(sampler) == sampler.order() == list(reference)
+    # a list's own iterator, not a generator: no frame resume per sample (bench/loader_overhead.py)
+    assert type(iter(sampler)) is type(iter([]))
+    drawn = SeedableRandomSampler(range(5), replacement=True, num_samples=40, seed=2)
+    assert list(drawn) == torch.randint(5, (40,), generator=torch.Generator().manual_seed(2)).tolist()
 
 
 def test_end_of_dataloader_is_set_on_the_last_batch_only():

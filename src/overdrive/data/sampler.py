@@ -39,17 +39,25 @@ class SeedableRandomSampler(RandomSampler):
         """Use ``epoch``'s order at the next iteration."""
         self.epoch = int(epoch)
 
-    def __iter__(self) -> Iterator[int]:
+    def order(self) -> list[int]:
+        """This epoch's whole order, the indices iterating yields, as one list."""
         # A fresh generator per epoch: the order never depends on how much was drawn before.
         generator = torch.Generator()
         generator.manual_seed((self.seed + self.epoch) % 2**64)
         size = len(self.data_source)
         if self.replacement:
-            yield from torch.randint(size, (self.num_samples,), generator=generator).tolist()
-            return
+            return torch.randint(size, (self.num_samples,), generator=generator).tolist()
+        order: list[int] = []
         for _ in range(self.num_samples // size):
-            yield from torch.randperm(size, generator=generator).tolist()
-        yield from torch.randperm(size, generator=generator)[: self.num_samples % size].tolist()
+            order += torch.randperm(size, generator=generator).tolist()
+        if self.num_samples % size:
+            order += torch.randperm(size, generator=generator)[: self.num_samples % size].tolist()
+        return order
+
+    def __iter__(self) -> Iterator[int]:
+        # The list's own iterator: a generator here costs a frame resume per index, which the batch sampler
+        # (and a sharded loader, which reads the whole order at each epoch's start) pays for every sample.
+        return iter(self.order())
 
 
 def batches_per_process(num_batches: int, num_processes: int, process_index: int, split_batches: bool,
