@@ -93,6 +93,13 @@ class TrainingState:
     #: the user's module inside a prepared one (save hooks see the unwrapped state dicts)
     unwrap_model: Callable[[nn.Module], nn.Module] = field(default=lambda model: model)
 
+    def hook_models(self) -> list[nn.Module]:
+        """The models the save / load pre-hooks receive, as Accelerate hands them (its ``_models``): the
+        user's module inside a DDP wrapper, the engine itself for a model an engine owns (DeepSpeed)."""
+        engine = self.engine
+        return [model if engine is not None and engine.owns(model) else self.unwrap_model(model)
+                for model in self.objects.models]
+
     @property
     def counters(self) -> dict[str, int]:
         """The step and window counters and the next checkpoint iteration, as a checkpoint stores them."""

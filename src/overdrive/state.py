@@ -34,6 +34,9 @@ class PartialState:
     """
 
     _shared: dict[str, Any] = {}
+    #: Accelerate's name for the shared state: empty until the process state is created (transformers'
+    #: DETR-family losses test ``PartialState._shared_state != {}`` before reducing across processes)
+    _shared_state = _shared
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = self._shared
@@ -206,7 +209,9 @@ class PartialState:
             dist.destroy_process_group(group)
 
     def __repr__(self) -> str:
-        return (f"Distributed environment: {self.distributed_type}\nNum processes: {self.num_processes}\n"
+        backend = f"  Backend: {self.backend}" if self.backend else ""
+        kind = self.distributed_type  # written as Accelerate's enum prints itself: DistributedType.MULTI_CPU
+        return (f"Distributed environment: {type(kind).__name__}.{kind.value}{backend}\nNum processes: {self.num_processes}\n"
                 f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
                 f"Device: {self.device}\n")
 
@@ -248,6 +253,15 @@ class PluginSelection:
         return self.plugins[self.name]
 
 
+class _AcceleratorSharedState:
+    """``AcceleratorState._shared_state``: the shared state once an Accelerator exists, else ``{}`` (as in
+    Accelerate, where it stays empty until the first ``Accelerator()``)."""
+
+    def __get__(self, instance: Any, owner: Any = None) -> dict[str, Any]:
+        shared = PartialState._shared
+        return shared if "training" in shared else {}
+
+
 class AcceleratorState(PartialState):
     """The process state plus the training settings of an ``Accelerator``.
 
@@ -258,6 +272,8 @@ class AcceleratorState(PartialState):
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         super().__init__(cpu=cpu, **{k: v for k, v in kwargs.items() if k in ("init_kwargs",)})
+
+    _shared_state = _AcceleratorSharedState()
 
     def adopt(self, training: Any) -> None:
         """Answer for ``training`` (an Accelerator's plan) from now on; make it the process's newest."""
@@ -340,6 +356,12 @@ class AcceleratorState(PartialState):
         else:
             cls._shared.pop("training", None)
 
+    def __repr__(self) -> str:
+        text = super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
+        if self.distributed_type == DistributedType.DEEPSPEED and self.deepspeed_plugin is not None:
+            text += f"ds_config: {self.deepspeed_plugin.deepspeed_config}\n"
+        return text
+
 
 class _DataProgress:
     """Where the active prepared data loader stands (one per process: loaders report here)."""
@@ -388,6 +410,8 @@ class GradientState:
     _progress = _DataProgress()
     #: the window of the newest Accelerator (or of the first ``GradientState()``), for instances built without one
     _shared: dict[str, Any] = {}
+    #: Accelerate's name for it
+    _shared_state = _shared
 
     def __init__(self, gradient_accumulation_plugin: Any = None, window: AccumulationWindow | None = None) -> None:
         if window is None:

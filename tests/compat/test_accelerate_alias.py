@@ -163,3 +163,27 @@ def test_refuses_after_the_real_accelerate_was_imported_and_changes_nothing():
     """)
     assert out["error"] and "already imported" in out["error"] and "--as_accelerate" in out["error"]
     assert out["unchanged"] and out["still_real"]
+
+
+@pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate is not installed")
+def test_metadata_under_the_alias_has_the_real_release_fields():
+    """sentence-transformers refuses to train unless metadata("accelerate")["Home-page"] names huggingface
+    (its util.environment.check_package_availability, repeated here: importing it takes ~40 s)."""
+    out = result_of("""
+        import importlib.metadata as md, json, overdrive
+        def fields(meta):
+            return {key: sorted(meta.get_all(key)) for key in set(meta.keys())}
+        real = fields(md.metadata("accelerate"))  # read before the alias: importing nothing
+        overdrive.install_as_accelerate()
+        meta = md.metadata("accelerate")
+        ours = fields(meta)
+        home = meta["Home-page"]
+        print(json.dumps({"real": real, "ours": ours, "st_check": meta["Name"] == "accelerate"
+                          and home is not None and "huggingface" in home}))
+    """)
+    real, ours = out["real"], out["ours"]
+    assert out["st_check"]
+    # the body says who answers; build-tool fields (Dynamic, License-File) name files overdrive does not ship
+    skip = {"Description", "Dynamic", "License-File", "Metadata-Version", "Requires-Dist"}
+    assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in real.items() if k not in skip}
+    assert ours["Requires-Dist"] == sorted(r for r in real["Requires-Dist"] if "extra ==" not in r)

@@ -41,9 +41,11 @@ def parse_size(size: int | str) -> int:
 
 
 def get_state_dict(model: nn.Module, unwrap: bool = True, engine: Any = None) -> dict[str, Any]:
-    """The model's full state dict on the CPU, by plain names (gathered from the shards under FSDP2 or
-    ZeRO-3; then only rank 0 receives the tensors). ``unwrap=False`` returns the wrapper's own state dict.
-    ``engine``: the strategy's engine checkpoint, which gathers the models it owns itself."""
+    """The model's full state dict, by plain names. A model that is not sharded (one process, DDP) gives
+    the user's module's own ``state_dict()`` on every rank, as Accelerate does; a sharded one (FSDP2, tensor
+    parallel, ZeRO-3, a pipeline) is gathered to the CPU, and then only rank 0 receives the tensors.
+    ``unwrap=False`` returns the wrapper's own state dict. ``engine``: the strategy's engine checkpoint,
+    which gathers the models it owns itself."""
     if not unwrap:
         return model.state_dict()
     if engine is not None and engine.owns(model):
@@ -51,9 +53,19 @@ def get_state_dict(model: nn.Module, unwrap: bool = True, engine: Any = None) ->
     gather: Callable[[], dict[str, Any]] | None = getattr(model, "gather_full_state_dict", None)
     if callable(gather):  # a pipelined model: the other stages' weights live on other processes
         return gather()
+    if not _is_sharded(model):
+        from overdrive.utils.misc import extract_model_from_parallel
+
+        return extract_model_from_parallel(model, keep_torch_compile=False).state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(t, DTensor) for t in (*model.parameters(), *model.buffers()))
 
 
 def save_model(model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",

@@ -134,11 +134,12 @@ def _read_and_check(run: TrainingState, folder: Path, group: Group, strict: bool
     state = read_json(folder / STATE_FILE)
     mine = folder / rank_file(group.rank)
     ranked = read_json(mine) if mine.is_file() else None
-    models = list(run.objects.models)
+    given = run.hook_models()
+    models = list(given)
     for hook in run.objects.load_hooks.values():
         hook(models, str(folder))  # a hook that loads a model itself pops it
     engine = engine_of(run)
-    wanted = [i for i, model in enumerate(run.objects.models) if any(model is m for m in models)
+    wanted = [i for i, (model, seen) in enumerate(zip(run.objects.models, given)) if any(seen is m for m in models)
               and not (engine is not None and engine.owns(model))]
     reader = SafeFileSystemReader(folder, allow_pickle=allow_pickle)
     plan = _Plan(reader.read_metadata(), folder, strict)

@@ -147,8 +147,8 @@ def _run_save_hooks(run: TrainingState, folder: Path) -> list[int]:
     hooks = list(run.objects.save_hooks.values())
     if not hooks:
         return list(range(len(run.objects.models)))
-    models = list(run.objects.models)
-    weights = [run.unwrap_model(model).state_dict() for model in models]
+    models = run.hook_models()
+    weights = [run.unwrap_model(model).state_dict() for model in run.objects.models]
     original = list(weights)
     for hook in hooks:
         hook(models, weights, str(folder))

@@ -50,8 +50,25 @@ class _AliasLoader(importlib.abc.Loader):
 class _AccelerateDistribution(metadata.Distribution):
     """The metadata of the Accelerate release overdrive stands in for."""
 
-    _METADATA = (f"Metadata-Version: 2.1\nName: accelerate\nVersion: {ACCELERATE_VERSION}\n"
-                 "Summary: overdrive standing in for Accelerate (overdrive.install_as_accelerate)\n")
+    # the real release's fields (libraries read them: sentence-transformers checks Home-page names
+    # huggingface before it trains); the body says who answers
+    _CLASSIFIERS = ("Development Status :: 5 - Production/Stable", "Intended Audience :: Developers",
+                    "Intended Audience :: Education", "Intended Audience :: Science/Research",
+                    "License :: OSI Approved :: Apache Software License", "Operating System :: OS Independent",
+                    "Programming Language :: Python :: 3", "Programming Language :: Python :: 3.10",
+                    "Topic :: Scientific/Engineering :: Artificial Intelligence")
+    _REQUIRES = ("numpy>=1.17", "packaging>=20.0", "psutil", "pyyaml", "torch>=2.0.0", "huggingface_hub>=0.21.0",
+                 "safetensors>=0.4.3")
+    _EXTRAS = ("quality", "docs", "test-prod", "test-dev", "testing", "deepspeed", "rich", "test-fp8",
+               "test-trackers", "dev", "sagemaker")
+    _METADATA = "".join((
+        f"Metadata-Version: 2.1\nName: accelerate\nVersion: {ACCELERATE_VERSION}\nSummary: Accelerate\n",
+        "Home-page: https://github.com/huggingface/accelerate\nAuthor: The Hugging Face team\n",
+        "Author-email: transformers@huggingface.co\nLicense: Apache\nKeywords: deep learning\n",
+        *(f"Classifier: {c}\n" for c in _CLASSIFIERS),
+        "Requires-Python: >=3.10.0\nDescription-Content-Type: text/markdown\n",
+        *(f"Requires-Dist: {r}\n" for r in _REQUIRES), *(f"Provides-Extra: {e}\n" for e in _EXTRAS),
+        "\noverdrive standing in for Accelerate (overdrive.install_as_accelerate)\n"))
 
     def read_text(self, filename: str) -> str | None:
         if filename in ("METADATA", "PKG-INFO"):

@@ -104,6 +104,8 @@ class TrainingPlan:
     fp8: AORecipeKwargs | TERecipeKwargs | None = None
     #: the FSDP plugin given (a copy), or None: what ``AcceleratorState.fsdp_plugin`` reports
     fsdp: FullyShardedDataParallelPlugin | None = None
+    #: the ``InitProcessGroupKwargs`` given, or None: what ``Accelerator.init_handler`` reports
+    init_kwargs: Any = None
 
     @property
     def dynamo_backend(self) -> str | None:

@@ -94,6 +94,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         scaler=GradScalerKwargs(enabled=False) if deepspeed else handlers.get("scaler") or GradScalerKwargs(),
         autocast=handlers.get("autocast") or AutocastKwargs(),
         profile=handlers.get("profile"),
+        init_kwargs=handlers.get("init"),
         project=copy.copy(project_config or ProjectConfiguration()),
         log_with=trackers,
         strategy_settings=deepspeed if deepspeed is not None else strategy_settings(parallel, handlers.get("ddp")),
