@@ -159,3 +159,9 @@ class AccelerateSurface:
     def non_blocking(self) -> bool:
         """Whether batches are copied to the device without waiting."""
         return self.dataloader_config.non_blocking
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """Accelerate's hook for DeepSpeed Ulysses sequence parallelism over a loader prepared apart from the
+        model (transformers' Trainer calls it). overdrive refuses ``sp_size > 1`` when the Accelerator is
+        built, so the loader comes back unchanged."""
+        return dl

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 from overdrive.config.deepspeed_json import (
+    AUTO,
     apply_fields,
     config_from_fields,
     get_path,
     plugin_from_config_dict,
     plugin_problems,
     read_config,
+    set_path,
     zero_stage_of,
 )
 
@@ -91,6 +94,38 @@ class DeepSpeedPlugin:
     def is_auto(self, key: str) -> bool:
         """Whether the config's value at the dotted ``key`` is still "auto"."""
         return self.get_value(key) == "auto"
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Fill the config's ``fp16.enabled`` / ``bf16.enabled`` (where absent or "auto") for a
+        ``mixed_precision`` of "no", "fp16", "bf16" or "fp8" (bf16 compute), as Accelerate does; a config that
+        already enables the other half-precision type is refused."""
+        valid = ("no", "fp16", "bf16", "fp8")
+        if mixed_precision not in valid:
+            raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose one of {list(valid)}")
+        if mixed_precision != "no":
+            other = "bf16" if mixed_precision == "fp16" else "fp16"
+            if str(self.get_value(f"{other}.enabled", False)).lower() == "true":
+                raise ValueError(f"mixed_precision={mixed_precision!r} contradicts the DeepSpeed config, which "
+                                 f"enables {other}: change one of them")
+        for dtype, enabled in (("fp16", mixed_precision == "fp16"), ("bf16", mixed_precision in ("bf16", "fp8"))):
+            if self.get_value(f"{dtype}.enabled", AUTO) == AUTO:
+                set_path(self.deepspeed_config, f"{dtype}.enabled", enabled)
+
+    def set_deepspeed_weakref(self) -> None:
+        """Register this config with transformers (its ``HfDeepSpeedConfig``, kept as ``self.dschf``), so that
+        ``is_deepspeed_zero3_enabled()`` and ZeRO-3 loading in ``from_pretrained`` see it, as Accelerate does.
+        Batch sizes still "auto" count as 1 there."""
+        from transformers.integrations import HfDeepSpeedConfig as TransformersDeepSpeedConfig
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        config = copy.deepcopy(self.deepspeed_config)
+        for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+            if config.get(key, AUTO) == AUTO:
+                config[key] = 1
+        if config.get("train_batch_size") == AUTO:
+            del config["train_batch_size"]
+        unset_hf_deepspeed_config()
+        self.dschf = TransformersDeepSpeedConfig(config)
 
     @property
     def zero_stage_in_use(self) -> int:

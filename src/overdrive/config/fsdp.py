@@ -122,6 +122,46 @@ class FullyShardedDataParallelPlugin:
             found.append(f"min_num_params={self.min_num_params!r} must be a non-negative integer")
         return found
 
+    def set_auto_wrap_policy(self, model: Any) -> None:
+        """Turn a policy name into torch's FSDP1-style policy for ``model``, as Accelerate does (for libraries
+        that wrap a model themselves from this plugin): ``"transformer_based_wrap"`` wraps the classes named
+        in ``transformer_cls_names_to_wrap`` (default: the model's ``_no_split_modules``),
+        ``"size_based_wrap"`` modules of ``min_num_params`` or more; ``"no_wrap"`` wraps nothing. overdrive's
+        own ``prepare`` takes either form."""
+        import functools
+
+        from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+        if self.auto_wrap_policy == "transformer_based_wrap":
+            names = self.transformer_cls_names_to_wrap or list(getattr(model, "_no_split_modules", None) or [])
+            self.transformer_cls_names_to_wrap = list(names)
+            by_name = {type(m).__name__: type(m) for m in model.modules()}
+            missing = [n for n in names if n not in by_name]
+            if missing:
+                raise ValueError(f"transformer_cls_names_to_wrap names {missing}, which {type(model).__name__} does "
+                                 f"not contain; its module classes are {sorted(by_name)[:20]}")
+            self.auto_wrap_policy = functools.partial(transformer_auto_wrap_policy,
+                                                      transformer_layer_cls={by_name[n] for n in names})
+        elif self.auto_wrap_policy == "size_based_wrap" and self.min_num_params:
+            self.auto_wrap_policy = functools.partial(size_based_auto_wrap_policy, min_num_params=self.min_num_params)
+        elif self.auto_wrap_policy in ("size_based_wrap", "no_wrap"):
+            self.auto_wrap_policy = _wrap_nothing
+
+    def set_mixed_precision(self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False) -> None:
+        """Set ``mixed_precision_policy`` to FSDP2's ``MixedPrecisionPolicy`` for a dtype or its name ("bf16",
+        "fp16", "fp32", "fp8" = bf16), unless a policy is set already (``override=True`` replaces it).
+        ``buffer_autocast`` is FSDP1's buffer setting, accepted (FSDP2 keeps buffers as they are)."""
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        names = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+        dtype = names.get(mixed_precision) if isinstance(mixed_precision, str) else mixed_precision
+        if dtype not in names.values():
+            raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose one of {list(names)} or "
+                             f"one of {sorted({str(d) for d in names.values()})}")
+        if override or self.mixed_precision_policy is None:
+            self.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+
     @property
     def reshard(self) -> bool | int:
         """``reshard_after_forward`` as FSDP2 takes it (True unless asked otherwise)."""
@@ -160,6 +200,11 @@ class FullyShardedDataParallelPlugin:
                              f"{sorted(FSDP_CONFIG_KEYS)}")
         return cls(**values)
 
+
+
+def _wrap_nothing(module: Any, recurse: bool, nonwrapped_numel: int) -> bool:
+    """An FSDP1-style policy that wraps no submodule (the root is wrapped anyway)."""
+    return False
 
 
 def _from_yaml(value: Any) -> Any:

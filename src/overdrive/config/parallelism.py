@@ -47,6 +47,12 @@ class ParallelismConfig:
     tp_size: int = 1
     cp_size: int = 1
     pp_size: int = 1
+    #: context parallelism's back end; Accelerate's one choice, ``"torch"``.
+    cp_backend: str = "torch"
+    #: DeepSpeed Ulysses sequence parallelism (Accelerate's ``sp_size`` / ``sp_backend="deepspeed"``): accepted
+    #: with size 1 only (``Accelerator`` refuses more, naming ``cp_size`` as overdrive's sequence split).
+    sp_size: int = 1
+    sp_backend: str = "deepspeed"
     #: tensor-parallel settings (plan, sequence parallel); a ``TorchTensorParallelPlugin``.
     tp_handler: TorchTensorParallelPlugin | None = None
     #: context-parallel settings: a dict or object with ``cp_comm_strategy`` ("allgather" or "alltoall").
@@ -54,6 +60,37 @@ class ParallelismConfig:
     #: pipeline settings (schedule, micro-batches, stages per rank, split points, loss function); a
     #: ``PipelineConfig`` (or a dict of its fields). Used when ``pp_size > 1``.
     pp_handler: PipelineConfig | dict | None = None
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        """Whether data-parallel replication is on (``dp_replicate_size > 1``)."""
+        return self.dp_replicate_size > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        """Whether parameters are sharded (``dp_shard_size > 1``)."""
+        return self.dp_shard_size > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        """Whether tensor parallelism is on (``tp_size > 1``)."""
+        return self.tp_size > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        """Whether context parallelism is on (``cp_size > 1``)."""
+        return self.cp_size > 1
+
+    @property
+    def sp_enabled(self) -> bool:
+        """Whether DeepSpeed Ulysses sequence parallelism is asked for (``sp_size > 1``; refused by overdrive)."""
+        return self.sp_size > 1
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The mesh axes FSDP works over (as ``accelerator.torch_device_mesh[...]`` names them):
+        ``["dp_replicate", "dp_shard_cp"]`` with replication, else ``["dp_shard_cp"]``."""
+        return [*(["dp_replicate"] if self.dp_replicate_enabled else []), "dp_shard_cp"]
 
     def sizes(self) -> dict[str, int]:
         """The axis sizes by mesh axis name."""

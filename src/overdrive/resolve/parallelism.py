@@ -57,6 +57,7 @@ def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParal
     if parallelism_config is not None:
         from overdrive.transforms.context_parallel import comm_strategy_of, context_parallel_problem
 
+        errors.extend(_unsupported_backends(parallelism_config))
         cp_comm = comm_strategy_of(parallelism_config.cp_handler)
         cp_size = sizes.get("cp", 1)
         problem = context_parallel_problem(cp_size if isinstance(cp_size, int) else 1, process.device, cp_comm)
@@ -83,6 +84,19 @@ def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParal
     if pipeline is not None:
         return Parallelism("pipeline", dims, uses_mesh, fsdp_plugin, tp_plugin, cp_comm, pipeline, strategy)
     return Parallelism(strategy, dims, uses_mesh, fsdp_plugin, tp_plugin, cp_comm)
+
+
+def _unsupported_backends(config: ParallelismConfig) -> list[str]:
+    """Accelerate's context- and sequence-parallel back ends that overdrive does not run."""
+    found = []
+    if config.cp_backend != "torch":
+        found.append(f"cp_backend={config.cp_backend!r} is not valid; the one context-parallel back end is 'torch'")
+    if config.sp_backend != "deepspeed":
+        found.append(f"sp_backend={config.sp_backend!r} is not valid; Accelerate's one choice is 'deepspeed'")
+    elif config.sp_size != 1:
+        found.append(f"sp_size={config.sp_size}: DeepSpeed Ulysses sequence parallelism is not supported by overdrive; "
+                     "split sequences across processes with cp_size (context parallelism, on GPUs) instead")
+    return found
 
 
 def _pipeline_config(parallelism_config: ParallelismConfig | None, fsdp_plugin: FullyShardedDataParallelPlugin | None,
