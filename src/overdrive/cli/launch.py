@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overdrive.cli import Parser, UsageError, add_flag
+from overdrive.cli import Parser, UsageError, add_flag, launch_extra
 from overdrive.launchers import config_file as cf
 from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, launch_script
 
@@ -83,6 +83,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="torchrun's --tee: 1 stdout, 2 stderr, 3 both, to log files and the console with a prefix")
     add_flag(dist, "role", metavar="NAME", default="default", help="torchrun's worker role name")
     _add_plugin_flags(parser)
+    launch_extra.add_flags(parser)
 
 
 def _bool_value(key: str, value: Any) -> tuple[Any, str | None]:
@@ -286,7 +287,8 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     if precision.value == "fp8":  # a missing package or GPU fails here once, not in every worker
         from overdrive.precision.fp8 import fp8_unavailable
 
-        fp8_problem = fp8_unavailable((config.get("fp8_config") or {}).get("backend"), "cpu" if cpu else device_type)
+        backend = _given(args, "fp8_backend") or (config.get("fp8_config") or {}).get("backend")
+        fp8_problem = fp8_unavailable(backend, "cpu" if cpu else device_type)
         if fp8_problem:
             problems.append(f"{precision.source}: mixed_precision 'fp8': {fp8_problem}")
     accumulation = pick("gradient_accumulation_steps", cf._int(minimum=1), 1)
@@ -300,6 +302,7 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     if not problems:
         _check_together(num_processes, num_machines, machine_rank, ip, port, interval, problems)
     plugin_config = _plugin_config(args, config, source, problems)
+    extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
     command = _command(args, problems)
     if problems:
         raise UsageError(problems)
@@ -310,6 +313,7 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
         visible[DEVICE_VARIABLES[device_type]] = gpu_ids.value
     worker_config = {key: config[key] for key in PASSTHROUGH_KEYS if key in config}
     worker_config.update(plugin_config)
+    worker_config.update(extra_config)
     worker_config.update(
         cpu=cpu, mixed_precision=precision.value, gradient_accumulation_steps=accumulation.value,
         dynamo_backend=dynamo, debug=debug.value, num_processes=num_processes.value,

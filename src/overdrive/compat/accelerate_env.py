@@ -120,6 +120,15 @@ VARIABLES: dict[str, tuple[str | None, str, Callable[[str, str], Any]]] = {
     "ACCELERATE_USE_PARALLELISM_CONFIG": (None, "use_parallelism_config", _bool),
     "ACCELERATE_CPU_AFFINITY": (None, "cpu_affinity", _bool),
     "ACCELERATE_FP8_BACKEND": ("fp8_config", "backend", _choice("AO", "TE", "MSAMP", lower=False)),
+    "ACCELERATE_FP8_FORMAT": ("fp8_config", "fp8_format", _choice("HYBRID", "E4M3", "E5M2", lower=False)),
+    "ACCELERATE_FP8_MARGIN": ("fp8_config", "margin", _int(0)),
+    "ACCELERATE_FP8_INTERVAL": ("fp8_config", "interval", _int(1)),
+    "ACCELERATE_FP8_AMAX_HISTORY_LEN": ("fp8_config", "amax_history_len", _int(1)),
+    "ACCELERATE_FP8_AMAX_COMPUTE_ALGO": ("fp8_config", "amax_compute_algo", _choice("max", "most_recent")),
+    "ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL": ("fp8_config", "use_autocast_during_eval", _bool),
+    "ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER": ("fp8_config", "enable_fsdp_float8_all_gather", _bool),
+    "ACCELERATE_FP8_PAD_INNER_DIM": ("fp8_config", "pad_inner_dim", _bool),
+    "ACCELERATE_FP8_OPT_LEVEL": ("fp8_config", "opt_level", _text),
     "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": ("parallelism_config", "parallelism_config_dp_replicate_size", _int(1)),
     "PARALLELISM_CONFIG_DP_SHARD_SIZE": ("parallelism_config", "parallelism_config_dp_shard_size", _int(-1)),
     "PARALLELISM_CONFIG_TP_SIZE": ("parallelism_config", "parallelism_config_tp_size", _int(1)),
@@ -189,6 +198,13 @@ def variables_for_workers(worker_config: Mapping[str, Any]) -> dict[str, str]:
     for section in ("fsdp_config", "deepspeed_config", "dynamo_config", "parallelism_config", "fp8_config"):
         for key, value in (worker_config.get(section) or {}).items():
             put(section, key, value)
+    override = (worker_config.get("fp8_config") or {}).get("override_linear_precision")
+    if override is not None:  # Accelerate's three variables for the one setting
+        for part, value in zip(("FPROP", "DGRAD", "WGRAD"), override):
+            out[f"ACCELERATE_FP8_OVERRIDE_{part}"] = str(bool(value))
+    # the parallelism settings overdrive's workers do not read, exported as Accelerate's launcher does
+    for key, value in (worker_config.get("parallelism_variables") or {}).items():
+        out[f"PARALLELISM_CONFIG_{key.upper()}"] = str(value)
     backend = worker_config.get("dynamo_backend")
     if backend:
         out["ACCELERATE_DYNAMO_BACKEND"] = str(backend).upper()
