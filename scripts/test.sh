@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Set up a virtual environment (torch 2.13.0 CPU, overdrive, test tools) and run lint, the type check and the tests.
+#   bash scripts/test.sh            the whole suite (what CI runs)
+#   bash scripts/test.sh --quick    everything but the tests marked slow (pytest -m "not slow")
+# Other arguments go to pytest (e.g. -x, -k NAME, a test file). The set-up runs only when .venv is missing or
+# pyproject.toml changed since (scripts/venv.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[test]"
-.venv/bin/ruff check src tests bench examples
+source scripts/venv.sh
+ensure_venv test
+quick=()
+if [ "${1:-}" = "--quick" ]; then
+    shift
+    quick=(-m "not slow")
+fi
+.venv/bin/ruff check src tests bench examples scripts
 # types over src/ (configuration: [tool.basedpyright] in pyproject.toml); any error or warning fails the run
 .venv/bin/basedpyright --pythonpath .venv/bin/python --warnings
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "${quick[@]}" "$@"

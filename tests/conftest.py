@@ -13,16 +13,21 @@ Markers (registered in pyproject; select with ``-m``, e.g. ``pytest -m "not slow
 - ``slow``: takes more than ~20 s on a 2-core machine.
 - ``optional``: needs a package outside overdrive's own dependencies (deepspeed, transformers, a tracker).
 - ``gpu``: needs a CUDA device; skipped here when there is none.
+- ``deepspeed``: starts a DeepSpeed engine; DeepSpeed's C++ op is built once before the first such test
+  (tests/build_locks.py), and no test waits on a build lock a killed test left behind.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from build_locks import build_deepspeed_ops, clear_stale_locks
 
 # DeepSpeed builds its C++ ops on first use into TORCH_EXTENSIONS_DIR. One folder per environment: checkouts
 # sharing a machine would otherwise rebuild each other's copy (their include paths differ) and wait on its lock.
@@ -99,3 +104,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
                 gpu_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
             item.add_marker(gpu_skip)
+
+
+_DEEPSPEED_BUILD_PROBLEM = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build DeepSpeed's C++ op before the first test that needs it: outside every test's timeout, with its
+    own limit and a message, so that a slow first build is not mistaken for (and killed as) a hung test."""
+    if not any(item.get_closest_marker("deepspeed") for item in session.items):
+        return
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    problem = build_deepspeed_ops(reporter.write_line if reporter is not None else print)
+    if problem is not None:
+        session.config.stash[_DEEPSPEED_BUILD_PROBLEM] = problem
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Remove the build locks a killed test left behind (they would hold every later build forever), and
+    fail a DeepSpeed test at once, with the reason, when the op could not be built before the tests."""
+    clear_stale_locks()
+    problem = item.config.stash.get(_DEEPSPEED_BUILD_PROBLEM, None)
+    if problem is not None and item.get_closest_marker("deepspeed") is not None:
+        pytest.fail(problem, pytrace=False)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_process_group"),
+pytestmark = [pytest.mark.slow, pytest.mark.deepspeed, pytest.mark.usefixtures("one_process_group"),
               pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")]
 
 

@@ -120,6 +120,7 @@ def test_trainer_one_process_matches_accelerate(one_process, model):
 
 
 @pytest.mark.slow
+@pytest.mark.deepspeed
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (test extra)")
 def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path, one_process):

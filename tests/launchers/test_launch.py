@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -106,16 +105,15 @@ def test_two_machines_on_localhost_train_one_model_on_four_ranks(tmp_path):
     assert all(len(lines(out, "RESULT")) == 2 for _, out, _ in outputs)  # 2 processes on each machine
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("how", ["raise", "sigkill"])
 def test_a_failing_rank_stops_the_others_and_is_named(tmp_path, how):
     flag = "--fail-rank" if how == "raise" else "--kill-rank"
-    started = time.monotonic()
-    # 10,000 steps would take minutes: the command ends early only because rank 1 died and the rest were stopped
-    result = overdrive("launch", "--num_processes", "2", TRAIN, "--steps", "10000", flag, "1",
-                       env=clean_env(tmp_path), timeout=50)
-    elapsed = time.monotonic() - started
-    assert result.returncode != 0 and elapsed < 30, (elapsed, result.stderr)
+    # 10**9 steps never end: the command returns (before its generous limit, which holds on a loaded machine)
+    # only because rank 1 died and the rest were stopped
+    result = overdrive("launch", "--num_processes", "2", TRAIN, "--steps", str(10**9), flag, "1",
+                       env=clean_env(tmp_path), timeout=150)
+    assert result.returncode != 0, result.stderr
     report = result.stderr[result.stderr.index("overdrive launch: rank"):]
     assert report.startswith("overdrive launch: rank 1 ")
     if how == "raise":

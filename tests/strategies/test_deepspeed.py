@@ -278,6 +278,7 @@ open(f"{sys.argv[1]}/result_{acc.process_index}.json", "w").write(json.dumps({
 
 
 @needs_deepspeed
+@pytest.mark.deepspeed
 @pytest.mark.timeout(180)
 def test_use_deepspeed_launch_trains_on_two_processes(tmp_path):
     script = tmp_path / "ds_train.py"

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from digits import train_step
 from distributed import run_distributed
 
-pytestmark = [pytest.mark.optional, pytest.mark.slow]  # deepspeed; minutes on 2 cores
+pytestmark = [pytest.mark.optional, pytest.mark.slow, pytest.mark.deepspeed]  # deepspeed; minutes on 2 cores
 
 pytest.importorskip("deepspeed")
 

@@ -21,7 +21,7 @@ from test_model_path import is_checkpointed, overdrive_hooks
 from test_parallel_helpers import accelerated_losses, make_model, reference_losses, worst
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed"),
-              pytest.mark.usefixtures("one_process_group")]
+              pytest.mark.usefixtures("one_process_group"), pytest.mark.deepspeed]
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@
     overdrive doctor                    # ports, names, rendezvous, interfaces, disk: what to fix first
     overdrive merge-weights CKPT OUT    # a save_state checkpoint's model as full safetensors
     overdrive to-fsdp2 --config_file C --output_file O   # an Accelerate FSDP1 config file as FSDP2
+    overdrive --version                 # overdrive's version, the Accelerate API it follows, torch's
 
 Usage errors (a bad flag, value or config file) print what was wrong, where it came from and the valid
 choices, and exit with status 2.
@@ -97,6 +98,7 @@ def build_parser(only: str | None = None) -> tuple[Parser, dict[str, Parser]]:
 
     parser = Parser(prog="overdrive", description="Launch and configure overdrive training runs.",
                     allow_abbrev=False)
+    parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join([*_COMMANDS, *_SELF_PARSING]) + "}", parser_class=Parser)
     for name, module in _COMMANDS.items():
         if only is None or name == only:
@@ -107,6 +109,21 @@ def build_parser(only: str | None = None) -> tuple[Parser, dict[str, Parser]]:
     return parser, dict(sub.choices)
 
 
+def version_line() -> str:
+    """``overdrive --version``: overdrive's version, the Accelerate API it follows and the torch it runs on
+    (read from the installed metadata: no torch import)."""
+    from importlib import metadata
+
+    from overdrive._version import __version__
+    from overdrive.compat.table import ACCELERATE_VERSION
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"overdrive {__version__} (Accelerate API {ACCELERATE_VERSION}, torch {torch_version})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``overdrive <command> ...``; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -115,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         module, function = _SELF_PARSING[argv[0]]
         return int(getattr(importlib.import_module(module), function)(argv[1:]) or 0)
+    if argv and argv[0] in ("--version", "-V"):
+        print(version_line())
+        return 0
     parser, commands = build_parser(argv[0] if argv and argv[0] in _COMMANDS else None)
     if not argv or argv[0] not in _COMMANDS:
         if argv and argv[0] in ("-h", "--help"):
