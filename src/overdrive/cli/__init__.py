@@ -114,14 +114,13 @@ def version_line() -> str:
     (read from the installed metadata: no torch import)."""
     from importlib import metadata
 
-    from overdrive._version import __version__
-    from overdrive.compat.table import ACCELERATE_VERSION
+    from overdrive._version import ACCELERATE_API_VERSION, __version__
 
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch_version = "not installed"
-    return f"overdrive {__version__} (Accelerate API {ACCELERATE_VERSION}, torch {torch_version})"
+    return f"overdrive {__version__} (Accelerate API {ACCELERATE_API_VERSION}, torch {torch_version})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

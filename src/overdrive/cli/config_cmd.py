@@ -94,27 +94,26 @@ def run_update(args: argparse.Namespace) -> int:
 
 # -- the questionnaire -----------------------------------------------------------------------------------
 class Asker:
-    """Ask on the terminal (or read answers from a pipe); Enter keeps the default; a bad answer is asked again."""
+    """Ask on the terminal (or read answers from a pipe); Enter keeps the default; a bad answer is asked again;
+    the end of the input (Ctrl-D, a pipe that ran out) stops the questions with nothing written."""
 
     def __init__(self, tries: int = 3) -> None:
         self.tries = tries
-        self.closed = False
 
     def ask(self, question: str, default: Any, parse: Callable[[str], tuple[Any, str | None]]) -> Any:
         """Ask ``question`` until ``parse`` accepts the answer and return the parsed value.
 
         ``parse`` returns ``(value, problem)``; a problem is printed and the question asked again. An
-        empty answer, or the end of the input (after which every question takes its default), gives
-        ``default``. Raises ``UsageError`` after ``tries`` rejected answers."""
+        empty answer gives ``default``. Raises ``UsageError`` after ``tries`` rejected answers, or at the end
+        of the input (nothing is written then: defaults the user never saw are not a configuration)."""
         for _ in range(self.tries):
-            if self.closed:
-                return default
             try:
                 answer = input(f"{question} [{_show(default)}]: ").strip()
             except EOFError:
-                self.closed = True  # no more answers: the defaults stand for the rest
                 print()
-                return default
+                raise UsageError(f"the input ended before an answer to {question!r}: nothing was written "
+                                 "(answer every question, or run 'overdrive config default' for this "
+                                 "machine's defaults)") from None
             if not answer:
                 return default
             value, problem = parse(answer)
@@ -131,10 +130,9 @@ class Asker:
             if answer in choices:
                 return answer, None
             return answer, f"{answer!r} is not one of {', '.join(choices)}{cf.nearest(answer, choices)}"
-        if not self.closed:
-            print(question)
-            for index, choice in enumerate(choices):
-                print(f"  {index}) {choice}")
+        print(question)
+        for index, choice in enumerate(choices):
+            print(f"  {index}) {choice}")
         return str(self.ask("  number or name", default, parse))
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,41 +133,55 @@ def check_interfaces(num_machines: int) -> list[Check]:
 
 
 def check_disk(folder: Path) -> list[Check]:
-    """Whether the checkpoint ``folder`` (or its nearest existing parent) has 1 GiB free and is writable."""
+    """Whether the checkpoint ``folder`` exists, has 1 GiB free and is writable (a probe file, removed)."""
     folder = folder.expanduser().absolute()
-    existing = next((p for p in [folder, *folder.parents] if p.exists()), Path("/"))
-    usage = shutil.disk_usage(existing)
+    if not folder.is_dir():
+        existing = next((p for p in folder.parents if p.exists()), Path("/"))
+        return [Check("checkpoint folder", "FAIL", f"{folder} does not exist (nearest existing folder: {existing})",
+                      "create it (on a shared file system: mounted on every machine), or correct --checkpoint_dir")]
+    usage = shutil.disk_usage(folder)
     checks = []
     if usage.free < MIN_FREE_BYTES:
-        checks.append(Check("disk", "FAIL", f"{usage.free / 2**30:.2f} GiB free under {existing}",
+        checks.append(Check("disk", "FAIL", f"{usage.free / 2**30:.2f} GiB free under {folder}",
                             "free space or choose another checkpoint folder: a save needs the size of the "
                             "model and optimizer state, once more while it replaces an older checkpoint"))
     else:
-        checks.append(Check("disk", "ok", f"{usage.free / 2**30:.1f} GiB free under {existing}"))
-    if not os.access(existing, os.W_OK):
-        checks.append(Check("writable", "FAIL", f"{existing} cannot be written by this user",
+        checks.append(Check("disk", "ok", f"{usage.free / 2**30:.1f} GiB free under {folder}"))
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        checks.append(Check("writable", "FAIL", f"{folder} cannot be written by this user ({exc.strerror})",
                             "choose a folder you can write, or fix its permissions"))
+    else:
+        checks.append(Check("writable", "ok", f"a file was created in {folder} and removed"))
     return checks
 
 
 def check_shared(folder: Path, num_machines: int) -> Check:
-    """Leave a marker with this machine's name in ``folder`` and list the other machines' markers."""
-    markers = folder.expanduser().absolute() / MARKERS
+    """With several machines: leave a marker with this machine's name in ``folder/.overdrive_doctor`` and list
+    the other machines' markers; the machine that sees all of them removes the markers. One machine: nothing
+    to share, nothing written."""
+    folder = folder.expanduser().absolute()
+    if num_machines == 1:
+        return Check("shared folder", "ok", f"one machine: {folder} is local to it")
+    if not folder.is_dir():
+        return Check("shared folder", "FAIL", f"{folder} does not exist here", "see the checkpoint folder above")
+    markers = folder / MARKERS
     host = socket.gethostname()
     try:
-        markers.mkdir(parents=True, exist_ok=True)
+        markers.mkdir(exist_ok=True)
         (markers / f"{host}.json").write_text(json.dumps({"host": host, "time": time.time()}))
     except OSError as exc:
         return Check("shared folder", "FAIL", f"cannot write in {markers} ({exc.strerror})",
                      "checkpoints are written there too: choose a writable folder")
     seen = sorted(p.stem for p in markers.glob("*.json"))
-    if num_machines == 1:
-        return Check("shared folder", "ok", f"one machine: {folder} is local to it")
     if len(seen) < num_machines:
         return Check("shared folder", "warn", f"{markers} holds markers of {', '.join(seen)} only, of "
                      f"{num_machines} machines", "run overdrive doctor on every machine; a machine whose marker "
                      "never shows up here does not share this folder: use save_on_each_node=True, or a shared "
-                     "file system for checkpoints")
+                     f"file system for checkpoints (the last machine to run removes {MARKERS})")
+    shutil.rmtree(markers, ignore_errors=True)
     return Check("shared folder", "ok", f"seen from here: {', '.join(seen)} (every machine shares {folder})")
 
 

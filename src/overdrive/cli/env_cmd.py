@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
 from typing import Any
 
@@ -53,11 +54,26 @@ def _devices() -> list[str]:
     return lines
 
 
+def _memory_gib() -> tuple[float, float] | None:
+    """This machine's RAM and what is available now, in GiB (from /proc/meminfo; None elsewhere)."""
+    try:
+        fields = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines() if ":" in line)
+        total, available = (int(fields[key].split()[0]) * 1024 / 2**30 for key in ("MemTotal", "MemAvailable"))
+    except (OSError, KeyError, ValueError):
+        return None
+    return total, available
+
+
+_LIBRARIES = ("transformers", "deepspeed", "torchao", "safetensors", "peft", "trl", "accelerate")
+
+
 def report(config_file: str | None = None) -> str:
     """The text ``overdrive env`` prints."""
     import torch
 
-    from overdrive._version import __version__
+    from overdrive._version import ACCELERATE_API_VERSION, __version__
+
+    memory = _memory_gib()
 
     try:
         usable = len(os.sched_getaffinity(0))
@@ -72,7 +88,12 @@ def report(config_file: str | None = None) -> str:
         f"- PyTorch version: {torch.__version__}",
         f"- numpy version: {_version('numpy')}, PyYAML version: {_version('pyyaml')}",
         f"- CPU cores: {os.cpu_count()} ({usable} usable by this process), torch threads: {torch.get_num_threads()}",
+        f"- System RAM: {memory[0]:.2f} GiB ({memory[1]:.2f} GiB available)" if memory else "- System RAM: unknown",
         *_devices(),
+        "- Libraries: " + ", ".join(f"{name} {_version(name)}" for name in _LIBRARIES)
+        + " (accelerate: the real package, if any; overdrive follows Accelerate's API "
+        + f"{ACCELERATE_API_VERSION})",
+        f"- `overdrive` command: {shutil.which('overdrive') or 'not on PATH'}",
     ]
     source = cf.find_config(config_file)
     lines.append(f"- Config file: {source.describe()}")

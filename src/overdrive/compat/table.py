@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+from overdrive._version import ACCELERATE_API_VERSION
+
 #: The Accelerate release whose API overdrive follows; what importlib.metadata answers under the alias.
-ACCELERATE_VERSION = "1.15.0"
+ACCELERATE_VERSION = ACCELERATE_API_VERSION
 
 _THIN = ("data_loader", "checkpointing", "parallelism_config", "utils.dataclasses", "utils.operations",
          "utils.imports", "utils.constants", "utils.deepspeed", "utils.fsdp_utils", "utils.other", "utils.versions",
