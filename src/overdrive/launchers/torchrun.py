@@ -355,14 +355,17 @@ def describe_exit(exitcode: int) -> str:
 
 def describe_failures(failures: Mapping[int, Any], log_dir: str, max_restarts: int = 0) -> tuple[str, int]:
     """A short report on failed ranks, first failure first, and the exit code for the command."""
-    # torchelastic lists the processes it stopped itself (SIGTERM) among the failures: they come last.
+    # torchelastic lists the processes it stopped itself (SIGTERM) among the failures: they come last, and
+    # so does a death by SIGUSR1 (a hang report's stack request that reached a rank as it ended): consequences.
     stopped = -int(signal.SIGTERM)
+    consequence = (stopped, -int(getattr(signal, "SIGUSR1", 10)))
     ordered = sorted(failures.items(),
-                     key=lambda item: (item[1].exitcode == stopped, _failure_time(item[1], log_dir), item[0]))
+                     key=lambda item: (item[1].exitcode in consequence, _failure_time(item[1], log_dir), item[0]))
     rank, first = ordered[0]
     restarts = f" after {max_restarts} restart{'s' if max_restarts != 1 else ''}" if max_restarts else ""
     hang = find_hang_report(log_dir)
-    if hang is not None:
+    # a lost connection within one machine: the first failure (the rank that ended) says it best
+    if hang is not None and (hang.get("cause") != "lost" or hang.get("lost_machines") or hang.get("unreachable")):
         return describe_hang(hang, failures, restarts), _exit_code(first.exitcode)
     lines = [f"overdrive launch: rank {rank} {describe_exit(first.exitcode)}{restarts}; "
              "the other processes were stopped."]
@@ -407,11 +410,35 @@ def find_hang_report(log_dir: str) -> dict[str, Any] | None:
     return None
 
 
+def _machine_lines(report: dict[str, Any], restarts: str) -> list[str]:
+    """The summary when whole machines did not answer (lost, or behind a partition), else []."""
+    from overdrive.runtime.hang_report import describe_machine
+
+    collective = f"collective #{report.get('seq')} ({report.get('collective')})"
+    rank = report.get("waiting_rank")
+    if report.get("cause") == "lost":
+        waited = f"rank {rank} lost its connection in {collective}"
+        why = "lost (its processes ended, or the machine went down)"
+    else:
+        waited = f"rank {rank} waited {report.get('timeout_s', 0):g} s in {collective} and timed out"
+        why = "unreachable (a network partition) or lost"
+    if report.get("unreachable"):
+        return [f"overdrive launch: {describe_machine(report['unreachable'])} cannot be reached from this machine"
+                f"{restarts}: {waited}, and the job's store there does not answer (a network partition, or that "
+                "machine is lost); the job was stopped here."]
+    return [f"overdrive launch: {describe_machine(m)} did not answer{restarts}: {why}; {waited}; the job was "
+            "stopped." for m in report.get("lost_machines") or []]
+
+
 def describe_hang(report: dict[str, Any], failures: Mapping[int, Any], restarts: str) -> str:
     """The summary of a job that ended because a rank stopped joining collectives: blame that rank."""
     hung = report.get("hung_ranks") or []
     who = f"rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))}" if hung else "no rank could be named"
     waited = report.get("waiting_rank")
+    machine_lines = _machine_lines(report, restarts)
+    if machine_lines:
+        return "\n".join(machine_lines + [f"  rank {rank}: {describe_exit(failures[rank].exitcode)}"
+                                          for rank in sorted(failures)])
     lines = [f"overdrive launch: {who} hung{restarts}: {'they' if len(hung) > 1 else 'it'} did not arrive at "
              f"collective #{report.get('seq')} ({report.get('collective')}), which rank {waited} waited "
              f"{report.get('timeout_s', 0):g} s for; the job was stopped.",

@@ -52,7 +52,7 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
                             timeout=timeout, **kwargs)
     atexit.register(let_threads_settle)  # registered first, so it runs after the watchdog's exit hook
     watchdog.start(dist.distributed_c10d._get_default_group(), info.rank, info.world_size, info.master_addr,
-                   info.master_port, f"overdrive/attempt_{info.restart_count}", timeout)
+                   info.master_port, f"overdrive/attempt_{info.restart_count}", timeout, node_rank=info.node_rank)
     return True
 
 

@@ -15,7 +15,14 @@ seconds for the answers, and prints one report to stderr: the collective and its
 ranks that did not arrive (fewer collectives issued than the waiting rank), and every rank's stack. The
 last line, ``overdrive-hang-report: {json}``, is what ``overdrive launch`` reads to blame the hung rank.
 Ranks whose watchdog thread cannot answer (a C call holding the GIL) get SIGUSR1, which ``faulthandler``
-turns into a stack dump on their stderr when they run on this machine.
+turns into a stack dump on their stderr when they run on this machine; never a rank that has posted its exit
+(``exit/<rank>``, the first thing an ending rank does), and an ending rank ignores SIGUSR1 from then on.
+
+Across machines the store may be behind a network partition, where a silent link makes a store call wait
+forever. Every store call made while a fault is reported (the claim, the answers, the exit handshake) runs
+with a deadline (``CALL_DEADLINE_S``); after one misses it the store counts as unreachable and is not asked
+again, so an ending rank always ends. The report then names the machine that could not be reached (its
+machine rank, host name, address and ranks, from the places every rank published at start, ``pid/<rank>``).
 """
 
 from __future__ import annotations
@@ -31,15 +38,58 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
 import torch.distributed as dist
 
+from overdrive.runtime import hang_report as reports
+
 REPORT_MARKER = "overdrive-hang-report: "
 _ANSWER_WAIT_S = 5.0
+#: the longest a store call made while reporting a fault may take before the store counts as unreachable
+CALL_DEADLINE_S = 3.0
 _active: Watchdog | None = None
+
+
+class StoreUnreachable(TimeoutError):
+    """A store call did not return within its deadline (the store's machine is behind a partition, or lost)."""
+
+
+def bounded(call: Callable[[], Any], seconds: float) -> Any:
+    """``call()`` in a daemon thread; its result, or ``StoreUnreachable`` when it takes over ``seconds``.
+
+    A call that never returns (a TCP link that drops packets silently) leaves only a parked daemon thread.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="overdrive-store-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise StoreUnreachable(f"no answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def local_address(peer: str) -> str:
+    """The address of this machine that traffic to ``peer`` leaves from ("?" when there is no route)."""
+    try:
+        family, kind, _, _, where = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind) as probe:
+            probe.connect(where)  # a UDP "connect" sends nothing: it only picks the route
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "?"
 
 
 def is_timeout(error: BaseException | None) -> bool:
@@ -48,6 +98,19 @@ def is_timeout(error: BaseException | None) -> bool:
     while error is not None and seen < 10:
         text = str(error).lower()
         if "timed out" in text or "timeout" in text and isinstance(error, (dist.DistError, RuntimeError)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+_PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def is_peer_loss(error: BaseException | None) -> bool:
+    """Whether ``error`` says a collective lost its connection to another rank (that rank's process ended)."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, (dist.DistError, RuntimeError)) and any(p in str(error).lower() for p in _PEER_LOSS):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
@@ -94,17 +157,24 @@ class Watchdog:
     """The per-rank thread that publishes progress and answers hang requests (see the module docstring)."""
 
     def __init__(self, pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str,
-                 timeout: timedelta, interval: float = 1.0) -> None:
+                 timeout: timedelta, interval: float = 1.0, node_rank: int = 0) -> None:
         self.pg, self.rank, self.world_size = pg, rank, world_size
         self.timeout = timeout
         self.interval = interval
+        self.store_address = f"{host}:{port}"
+        self.unreachable = False  # a store call missed its deadline: ask the store nothing more
+        self.exiting = False
+        #: every rank's place {"pid", "host", "address", "machine"}, read by the thread once all are there
+        self.places: dict[int, dict[str, Any]] = {}
         # One connection for the thread, one for the main thread (hang reports, arrivals): a store client is
         # not meant to be shared by two threads at once.
         self.store = dist.PrefixStore(f"{prefix}/watchdog", dist.TCPStore(
             host, port, is_master=False, timeout=timedelta(seconds=10)))
         self.main_store = dist.PrefixStore(f"{prefix}/watchdog", dist.TCPStore(
             host, port, is_master=False, timeout=timedelta(seconds=10)))
-        self.main_store.set(f"pid/{rank}", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        self.place = {"pid": os.getpid(), "host": socket.gethostname(), "address": local_address(host),
+                      "machine": node_rank}
+        self.main_store.set(f"pid/{rank}", json.dumps(self.place))
         self._stop = threading.Event()
         self._answered = False
         self._thread = threading.Thread(target=self._loop, name="overdrive-watchdog", daemon=True)
@@ -128,57 +198,132 @@ class Watchdog:
         while not self._stop.wait(self.interval):
             try:
                 self.store.set(f"seq/{self.rank}", str(self._seq()))
+                if len(self.places) < self.world_size:
+                    self._read_places()
                 if not self._answered and self.store.check(["request"]):
                     self.answer(self.store, skip=threading.get_ident())
             except Exception:  # noqa: BLE001 - the store (rank 0) is gone: the job is ending
                 return
 
+    def _read_places(self) -> None:
+        keys = [f"pid/{r}" for r in range(self.world_size)]
+        if self.store.check(keys):
+            self.places = {r: json.loads(value) for r, value in enumerate(self.store.multi_get(keys))}
+
+    def call(self, method: str, *args: Any) -> Any:
+        """``main_store.<method>(*args)`` with the fault-reporting deadline; ``StoreUnreachable`` after one
+        call missed it (the store is not asked again: the stuck call still holds the connection)."""
+        if self.unreachable:
+            raise StoreUnreachable(f"the job's store at {self.store_address} did not answer before")
+        try:
+            return bounded(lambda: getattr(self.main_store, method)(*args), CALL_DEADLINE_S)
+        except StoreUnreachable:
+            self.unreachable = True
+            raise
+        except (RuntimeError, OSError) as exc:  # refused or reset: the store's machine is gone
+            self.unreachable = True
+            raise StoreUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+    def post_exit(self) -> None:
+        """Tell the other ranks this one is ending (so that none signals it), and stop taking SIGUSR1: a
+        stack request that lands while the interpreter finalises would kill the process instead."""
+        if self.exiting:
+            return
+        self.exiting = True
+        _ignore_stack_requests()
+        try:
+            self.call("set", f"exit/{self.rank}", "1")
+        except Exception:  # noqa: BLE001 - the store may be gone or unreachable: nothing to tell
+            pass
+
     def answer(self, store: Any, skip: int | None = None, stack: str | None = None) -> dict[str, Any]:
         """Write this rank's state (last collective, sequence number, stack) to ``store`` for the
         rank that timed out, and return it."""
-        self._answered = True
-        reply = {"rank": self.rank, "seq": self._seq(), "last": _last_collective(), "pid": os.getpid(),
-                 "host": socket.gethostname(), "stack": stack if stack is not None else _stacks(skip)}
+        reply = self._state(skip, stack)
         store.set(f"answer/{self.rank}", json.dumps(reply))
         return reply
 
+    def _state(self, skip: int | None = None, stack: str | None = None) -> dict[str, Any]:
+        self._answered = True
+        return {"rank": self.rank, "seq": self._seq(), "last": _last_collective(), "pid": os.getpid(),
+                "host": socket.gethostname(), "stack": stack if stack is not None else _stacks(skip)}
+
     # -- the rank that timed out ---------------------------------------------------------------------
-    def diagnose(self, error: BaseException) -> dict[str, Any] | None:
-        """Collect every rank's answer and print the report (on the first rank that timed out only)."""
-        if self.main_store.add("claim", 1) != 1:
-            return None
-        own = self.answer(self.main_store, skip=threading.get_ident(),
-                          stack="  thread MainThread (where the timeout was raised):\n"
+    def diagnose(self, error: BaseException, cause: str = "timeout") -> dict[str, Any] | None:
+        """Report a timed-out collective: the first rank that timed out (elected through the store) collects
+        every rank's answer and prints the report; the others answer and wait (a few seconds at most) until it
+        is printed, so that their own end does not stop it. Every store call is bounded: when the store does
+        not answer, this rank prints which machine it cannot reach instead, at once. ``cause`` is "timeout"
+        or "lost" (the collective lost its connection to a rank whose process ended)."""
+        own = self._state(stack="  thread MainThread (where the timeout was raised):\n"
                                 + _format(traceback.extract_tb(error.__traceback__)))
-        self.main_store.set("request", str(self.rank))
+        try:
+            first = self.call("add", "claim", 1) == 1
+            self.call("set", f"answer/{self.rank}", json.dumps(own))
+            if not first:
+                self._wait_for_report()
+                return None
+            self.call("set", "request", str(self.rank))
+        except StoreUnreachable:
+            return self._print(reports.unreachable(self.rank, self.timeout.total_seconds(), own,
+                                                   self.store_address, self.places, cause))
         answers = self._collect(own)
-        report = self._report(own, answers)
+        seqs = {r: answers[r]["seq"] if r in answers else self._heartbeat(r) for r in range(self.world_size)}
+        places = self.places or self._places_now()
+        report = self._print(reports.hang(self.rank, self.timeout.total_seconds(), own, answers, seqs, places,
+                                          cause))
+        try:
+            self.call("set", "report", str(self.rank))
+        except StoreUnreachable:
+            pass
+        return report
+
+    @staticmethod
+    def _print(report: dict[str, Any]) -> dict[str, Any]:
         print(report["text"], file=sys.stderr, flush=True)
         print(REPORT_MARKER + json.dumps({k: v for k, v in report.items() if k != "text"}), file=sys.stderr,
               flush=True)
         return report
 
+    def _wait_for_report(self) -> None:
+        deadline = time.monotonic() + _ANSWER_WAIT_S + 2 * CALL_DEADLINE_S
+        while time.monotonic() < deadline and not self.call("check", ["report"]):
+            time.sleep(0.1)
+
+    def _places_now(self) -> dict[int, dict[str, Any]]:
+        places = {}
+        for r in range(self.world_size):
+            try:
+                if self.call("check", [f"pid/{r}"]):
+                    places[r] = json.loads(self.call("get", f"pid/{r}"))
+            except StoreUnreachable:
+                break
+        return places
+
     def _collect(self, own: dict[str, Any]) -> dict[int, dict[str, Any]]:
         answers = {self.rank: own}
         deadline = time.monotonic() + _ANSWER_WAIT_S
         signalled = False
-        while len(answers) < self.world_size and time.monotonic() < deadline:
-            for r in range(self.world_size):
-                if r not in answers and self.main_store.check([f"answer/{r}"]):
-                    answers[r] = json.loads(self.main_store.get(f"answer/{r}"))
-            if not signalled and time.monotonic() > deadline - _ANSWER_WAIT_S / 2:
-                signalled = True
-                self._signal_silent(answers)
-            time.sleep(0.1)
+        try:
+            while len(answers) < self.world_size and time.monotonic() < deadline:
+                for r in range(self.world_size):
+                    if r not in answers and self.call("check", [f"answer/{r}"]):
+                        answers[r] = json.loads(self.call("get", f"answer/{r}"))
+                if not signalled and time.monotonic() > deadline - _ANSWER_WAIT_S / 2:
+                    signalled = True
+                    self._signal_silent(answers)
+                time.sleep(0.1)
+        except StoreUnreachable:
+            pass
         return answers
 
     def _signal_silent(self, answers: dict[int, dict[str, Any]]) -> None:
-        """SIGUSR1 (a faulthandler stack dump) to the silent ranks of this machine."""
+        """SIGUSR1 (a faulthandler stack dump) to the silent ranks of this machine that are not ending."""
         here = socket.gethostname()
         for r in range(self.world_size):
-            if r in answers or not self.main_store.check([f"pid/{r}"]):
+            if r in answers or not self.call("check", [f"pid/{r}"]) or self.call("check", [f"exit/{r}"]):
                 continue
-            where = json.loads(self.main_store.get(f"pid/{r}"))
+            where = json.loads(self.call("get", f"pid/{r}"))
             if where["host"] == here:
                 try:
                     os.kill(int(where["pid"]), signal.SIGUSR1)
@@ -217,36 +362,13 @@ class Watchdog:
 
     def _heartbeat(self, r: int) -> int | None:
         try:
-            return int(self.main_store.get(f"seq/{r}")) if self.main_store.check([f"seq/{r}"]) else None
+            return int(self.call("get", f"seq/{r}")) if self.call("check", [f"seq/{r}"]) else None
         except Exception:  # noqa: BLE001
             return None
 
-    def _report(self, own: dict[str, Any], answers: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        seqs = {r: answers[r]["seq"] if r in answers else self._heartbeat(r) for r in range(self.world_size)}
-        mine = own["seq"]
-        behind = [r for r, s in seqs.items() if s is not None and s < mine]
-        silent = [r for r in range(self.world_size) if r not in answers]
-        hung = behind or silent
-        last = own.get("last") or {}
-        name = last.get("name", "a collective")
-        seq = last.get("seq", mine)
-        seconds = self.timeout.total_seconds()
-        lines = [f"overdrive: hang detected: rank {self.rank} waited {seconds:g} s in collective #{seq} ({name}) "
-                 f"and timed out; " + (f"rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} did not "
-                                       "arrive" if hung else "no rank is behind (a mismatched collective?)") + "."]
-        for r in range(self.world_size):
-            answer = answers.get(r)
-            at = f"issued {seqs[r]} collectives" if seqs[r] is not None else "sent no heartbeat"
-            rlast = (answer or {}).get("last") or {}
-            doing = f", last #{rlast['seq']} {rlast['name']}" if rlast else ""
-            tag = " <- did not arrive" if r in hung else ""
-            lines.append(f"-- rank {r}: {at}{doing}{tag}")
-            lines.append(answer["stack"] if answer else "  (no answer: its stack, if any, is in its own stderr)")
-        return {"text": "\n".join(lines), "waiting_rank": self.rank, "hung_ranks": hung, "collective": name,
-                "seq": seq, "timeout_s": seconds, "seqs": {str(r): s for r, s in seqs.items()}}
 
-
-def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str, timeout: timedelta) -> None:
+def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str, timeout: timedelta,
+          node_rank: int = 0) -> None:
     """Start this process's watchdog and the hooks that report a timed-out collective (once per process)."""
     global _active
     if _active is not None:
@@ -255,19 +377,23 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     except (AttributeError, ValueError, RuntimeError):  # no SIGUSR1 (Windows) or not the main thread
         pass
-    _active = Watchdog(pg, rank, world_size, host, port, prefix, timeout)
+    _active = Watchdog(pg, rank, world_size, host, port, prefix, timeout, node_rank=node_rank)
     atexit.register(_mark_exit)
     previous = sys.excepthook
     if getattr(previous, "_overdrive_watchdog", False):
         return
 
     def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
-        if _active is not None and is_timeout(error):
+        dog = _active
+        if dog is not None:
+            dog.post_exit()
+        previous(kind, error, tb)  # the error itself first, whatever the report does
+        cause = "timeout" if is_timeout(error) else "lost" if is_peer_loss(error) else None
+        if dog is not None and cause:
             try:
-                _active.diagnose(error)
-            except Exception as exc:  # noqa: BLE001 - never hide the original error
+                dog.diagnose(error, cause)
+            except Exception as exc:  # noqa: BLE001 - the error is printed already; the report is extra
                 print(f"overdrive: the hang report failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        previous(kind, error, tb)
 
     vars(hook)["_overdrive_watchdog"] = True  # a mark on the function object
     sys.excepthook = hook
@@ -278,15 +404,23 @@ def active() -> Watchdog | None:
     return _active
 
 
+def _ignore_stack_requests() -> None:
+    """From now on SIGUSR1 does nothing here: faulthandler's own exit would otherwise put the default
+    action (end the process) back while the interpreter finalises."""
+    try:
+        faulthandler.unregister(signal.SIGUSR1)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    except (AttributeError, ValueError, RuntimeError, OSError):  # no SIGUSR1, or not the main thread
+        pass
+
+
 def _mark_exit() -> None:
-    """At exit: tell the other ranks this one ended on purpose, then stop the watchdog thread and wait for it.
-    A daemon thread still inside a store call when the interpreter shuts down aborts the whole process when
-    the call returns ("terminate called without an active exception"), after a successful run."""
+    """At exit: tell the other ranks this one ended on purpose (bounded: the store may be unreachable), then
+    stop the watchdog thread and wait for it. A daemon thread still inside a store call when the interpreter
+    shuts down aborts the whole process when the call returns ("terminate called without an active
+    exception"), after a successful run."""
     if _active is not None:
-        try:
-            _active.main_store.set(f"exit/{_active.rank}", "1")
-        except Exception:  # noqa: BLE001 - the store may be gone already
-            pass
+        _active.post_exit()
         _active.stop()
         _active.join(timeout=2.0)
 
