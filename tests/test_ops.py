@@ -89,8 +89,8 @@ def test_collectives_without_a_process_group():
 
 
 def test_reduce_rejects_unknown_reduction():
-    with pytest.raises(ValueError, match=r"reduction='max'.*'mean', 'sum', 'none'"):
-        ops.reduce(torch.ones(1), reduction="max")
+    with pytest.raises(ValueError, match=r"reduction='min'.*'mean', 'sum', 'max', 'none'"):
+        ops.reduce(torch.ones(1), reduction="min")
 
 
 # ------------------------------------------------------------------------------------------ N processes
@@ -140,6 +140,7 @@ def _ops_checks() -> dict:
     out["mean_scaled"] = ops.reduce({"v": value}, reduction="mean", scale=0.5)["v"].tolist()
     out["int_mean"] = ops.reduce(torch.tensor([rank]), reduction="mean").tolist()
     out["none"] = ops.reduce(value, reduction="none", scale=2.0).tolist()
+    out["max"] = ops.reduce(torch.tensor([rank, -rank]), reduction="max", scale=2).tolist()
     out["value_untouched"] = value.tolist()
 
     ragged = torch.full((rank + 1, 2), rank)
@@ -179,6 +180,7 @@ def test_collectives_on_gloo(world):
         assert out["mean_scaled"] == pytest.approx([0.5 * total / world, total / world])
         assert out["int_mean"] == pytest.approx([sum(ranks) / world])
         assert out["none"] == [2.0 * (rank + 1), 4.0 * (rank + 1)]
+        assert out["max"] == [2 * last, 0]  # the element-wise largest over ranks (Accelerate's "max"), scaled
         assert out["value_untouched"] == [rank + 1.0, 2.0 * (rank + 1)]
         assert out["pad"] == [[rank] * 2] * (rank + 1) + [[-1, -1]] * (world - rank - 1)
         assert out["pad_first"] == [[-1, -1]] * (world - rank - 1) + [[rank] * 2] * (rank + 1)

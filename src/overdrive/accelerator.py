@@ -26,7 +26,12 @@ from overdrive.accelerator_processes import ProcessSurface
 from overdrive.accelerator_surface import AccelerateSurface
 from overdrive.accelerator_tracking import TrackingVerbs
 from overdrive.accumulation import NO_CONTEXT, AccumulationWindow
-from overdrive.config import DataLoaderConfiguration, ProfileKwargs, ProjectConfiguration
+from overdrive.config import (  # GradientAccumulationPlugin: also a name of accelerate.accelerator
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
 from overdrive.optimizer import AcceleratedOptimizer
 from overdrive.precision.amp import AmpPrecision
 from overdrive.prepared import PreparedObjects
@@ -37,13 +42,13 @@ from overdrive.state import AcceleratorState, GradientState
 from overdrive.strategies import Strategy, create_strategy
 from overdrive.strategies.base import StrategyContext
 from overdrive.transforms.hooks import HookRegistry
+from overdrive.utils.misc import _compiled_inner, _recompiled, extract_model_from_parallel
 
 if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with the Accelerator
     from overdrive.config import (
         AutocastKwargs,
         DeepSpeedPlugin,
         FullyShardedDataParallelPlugin,
-        GradientAccumulationPlugin,
         MegatronLMPlugin,
         ParallelismConfig,
         RNGType,
@@ -266,11 +271,16 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         """The user's module inside a prepared one. ``keep_fp32_wrapper=False`` removes every hook the model
         path put on it (autocast, casts), whatever the strategy; ``keep_torch_compile=False`` returns the
         module inside a ``torch.compile`` wrapper (compilation by ``prepare`` is in place: nothing to strip)."""
-        inner = self.strategy.unwrap_model(model)
+        compiled = _compiled_inner(model)  # torch.compile applied after prepare
+        # then the DDP / DataParallel wrappers the user put on themselves, as Accelerate unwraps them
+        inner = extract_model_from_parallel(self.strategy.unwrap_model(model if compiled is None else compiled),
+                                            keep_fp32_wrapper=keep_fp32_wrapper)
         plain = getattr(inner, "_orig_mod", inner)
         if not keep_fp32_wrapper:
             self.hooks.remove(model, inner, plain)
-        return inner if keep_torch_compile else plain
+        if not keep_torch_compile:
+            return plain
+        return inner if compiled is None else _recompiled(model, inner)  # a compiled wrapper of the user's module
 
     # -- the training step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

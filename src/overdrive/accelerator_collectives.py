@@ -61,8 +61,8 @@ class CollectiveVerbs:
         return data[: state.remainder]
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """``tensor`` (nested structures too) reduced over every process: ``"sum"``, ``"mean"`` or
-        ``"none"``, multiplied by ``scale``."""
+        """``tensor`` (nested structures too) reduced over every process: ``"sum"``, ``"mean"``, ``"max"``
+        or ``"none"``, multiplied by ``scale``."""
         return ops.reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -47,8 +48,10 @@ def recursively_apply(func: Callable, data: Any, *args: Any, test_type: Callable
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
-        raise TypeError(f"cannot apply {getattr(func, '__name__', func)} to {type(data).__name__}: only nested "
-                        "lists, tuples and dicts of tensors are supported")
+        # Accelerate's wording (its test suite compares it)
+        raise TypeError(f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only "
+                        "nested list/tuple/dicts of objects that are valid for "
+                        f"`{getattr(test_type, '__name__', test_type)}` should be passed.")
     return data
 
 
@@ -185,7 +188,8 @@ def slice_tensors(data: Any, tensor_slice: slice | int | torch.Tensor, process_i
 
 
 def concatenate(data: list[Any], dim: int = 0) -> Any:
-    """Concatenate a list of same-shaped nested structures leaf by leaf along ``dim``.
+    """Concatenate a list of same-shaped nested structures leaf by leaf along ``dim``; a list of one
+    non-tensor is returned as that one item.
 
     >>> concatenate([{"x": torch.zeros(2)}, {"x": torch.ones(3)}])["x"].shape
     torch.Size([5])
@@ -198,6 +202,8 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, Mapping):
         return honor_mapping(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
     if not isinstance(first, torch.Tensor):
+        if len(data) == 1:  # a single batch of anything comes back as it is (as in Accelerate)
+            return first
         raise TypeError(f"can only concatenate tensors (or nested lists, tuples and dicts of them), "
                         f"got {type(first).__name__}")
     return torch.cat(list(data), dim=dim)
@@ -214,7 +220,7 @@ _WIRE_DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, tor
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(
     sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))}
 _META_DIMS = 8  # shape columns in gather's size exchange; dims past the 8th are folded into the last column
-_REDUCTIONS = ("mean", "sum", "none")
+_REDUCTIONS = ("mean", "sum", "max", "none")
 
 
 def _tensor_leaves(data: Any, op_name: str) -> list[torch.Tensor]:
@@ -428,7 +434,7 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float, world: int) 
         wide = torch.complex64 if tensor.is_complex() else torch.float32 if exact else torch.int64
     work = tensor.detach().to(wide, copy=True)  # values only, as in _gather_one
     if reduction != "none" and world > 1:
-        dist.all_reduce(work, op=dist.ReduceOp.SUM)
+        dist.all_reduce(work, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
     if reduction == "mean":
         if not exact:
             work = work.to(torch.get_default_dtype())
@@ -445,7 +451,8 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce every tensor in ``tensor`` across processes, then multiply by ``scale``; returns new tensors.
 
     ``reduction``: ``"sum"``, ``"mean"`` (the sum over the number of processes; integer and bool tensors
-    give floats) or ``"none"`` (no communication, each process keeps its own values).
+    give floats), ``"max"`` (the element-wise largest) or ``"none"`` (no communication, each process keeps
+    its own values).
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is not supported; use one of "
@@ -467,11 +474,25 @@ def _pad_one(tensor: torch.Tensor, dim: int | None, size: int, pad_index: Any, p
     return padded
 
 
+def _warn_about_nested_tensors(data: Any) -> None:
+    """Warn (``CannotPadNestedTensorWarning``, as Accelerate) about each nested tensor in ``data``: padding
+    leaves it as it is, since its rows have no one size to pad to."""
+    def warn(tensor: torch.Tensor) -> torch.Tensor:
+        from overdrive.compat.operations import CannotPadNestedTensorWarning
+
+        warnings.warn("Cannot pad nested tensors without more information. Leaving unprocessed.",
+                      CannotPadNestedTensorWarning, stacklevel=4)
+        return tensor
+
+    recursively_apply(warn, data, test_type=lambda t: isinstance(t, torch.Tensor) and t.is_nested)
+
+
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
     """Pad every tensor in ``tensor`` along ``dim`` to the largest size any process has, so they can be
     gathered. Pads with ``pad_index``, at the end (or at the start with ``pad_first``). Tensors with no
     dim ``dim`` are left alone.
     """
+    _warn_about_nested_tensors(tensor)
     world = world_size()
     if world == 1:
         return tensor
@@ -479,7 +500,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_firs
     if not leaves:
         return tensor
     _preflight("pad_across_processes", tensor, leaves, "ndim")
-    dims = [dim % t.ndim if -t.ndim <= dim < t.ndim else None for t in leaves]
+    dims = [dim % t.ndim if -t.ndim <= dim < t.ndim and not t.is_nested else None for t in leaves]
     local = torch.tensor([-1 if d is None else t.shape[d] for t, d in zip(leaves, dims)], dtype=torch.int64,
                          device=leaves[0].device)
     sizes = local.new_empty(world * len(leaves))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -119,28 +120,60 @@ def _accelerate_variables_restored() -> Iterator[None]:
 
 
 def purge_accelerate_environment(func_or_cls: Any) -> Any:
-    """Decorator: ``ACCELERATE_*`` variables the function (or each ``test*`` method) sets are removed after."""
-    def wrap(function: Callable) -> Callable:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _accelerate_variables_restored():
-                return function(*args, **kwargs)
-
-        return wrapper
-
+    """Decorator: ``ACCELERATE_*`` variables the function (or each ``test*`` method of the class, and of
+    every subclass defined later) sets are removed after it, and changed ones restored."""
     if not isinstance(func_or_cls, type):
-        return wrap(func_or_cls)
-    for name in dir(func_or_cls):
-        if name.startswith("test") and callable(getattr(func_or_cls, name)):
-            setattr(func_or_cls, name, wrap(getattr(func_or_cls, name)))
+        return _purging(func_or_cls)
+    _purge_test_methods(func_or_cls)
+    earlier = func_or_cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:  # noqa: N807 (the hook's own name)
+        if isinstance(earlier, classmethod):
+            earlier.__func__(cls, **kwargs)
+        else:
+            super(func_or_cls, cls).__init_subclass__(**kwargs)
+        _purge_test_methods(cls)
+
+    func_or_cls.__init_subclass__ = classmethod(__init_subclass__)  # pyright: ignore[reportAttributeAccessIssue]
     return func_or_cls
 
 
+def _purging(function: Callable) -> Callable:
+    if getattr(function, "_accelerate_is_purged_environment_wrapped", False):
+        return function
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _accelerate_variables_restored():
+            return function(*args, **kwargs)
+
+    wrapper._accelerate_is_purged_environment_wrapped = True  # pyright: ignore[reportAttributeAccessIssue]
+    return wrapper
+
+
+def _purge_test_methods(cls: type) -> None:
+    for name in dir(cls):
+        if name.startswith("test") and callable(getattr(cls, name)):
+            setattr(cls, name, _purging(getattr(cls, name)))
+
+
 def convert_dict_to_env_variables(current_env: dict[str, Any]) -> list[str]:
-    """``KEY=value`` lines for the entries whose key and value contain no ';' or newline."""
-    bad = (";", "\n")
-    return [f"{k}={v}\n" for k, v in current_env.items()
-            if not any(c in str(k) for c in bad) and not any(c in str(v) for c in bad)]
+    """``KEY=value`` lines for the entries with a non-empty key and value free of ``; \\n < >`` and spaces;
+    each other entry is skipped with a warning (on the logger ``accelerate.utils.environment``)."""
+    lines = []
+    for key, value in current_env.items():
+        text = f"{key}{value}"
+        if str(key) and str(value) and not any(c in text for c in _FORBIDDEN_IN_ENV):
+            lines.append(f"{key}={value}\n")
+        else:
+            _LOGGER.warning("Skipping the variable %s=%r: a name and a value are needed, and neither may contain "
+                            "';', a newline, '<', '>' or a space", key, value)
+    return lines
+
+
+_FORBIDDEN_IN_ENV = (";", "\n", "<", ">", " ")
+#: Accelerate's logger name for this module, which its users and tests watch
+_LOGGER = logging.getLogger("accelerate.utils.environment")
 
 
 def get_cpu_distributed_information() -> Any:

@@ -6,6 +6,7 @@ Each works (none is a placeholder); those needing a feature overdrive lacks live
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -51,7 +52,16 @@ def model_has_dtensor(model: nn.Module) -> bool:
 
 
 def get_model_tp_size(model: nn.Module) -> int | None:
-    """The tensor-parallel degree of a model with DTensor parameters on a mesh with a ``tp`` axis, else None."""
+    """The tensor-parallel degree a transformers model was sharded with (``model.tp_size`` before
+    transformers 5, ``model.config.distributed_config.tp_size`` from 5 on), else that of its DTensor
+    parameters on a mesh with a ``tp`` axis, else None."""
+    recorded = getattr(model, "tp_size", None)
+    if recorded is not None:
+        return recorded
+    config = getattr(getattr(model, "config", None), "distributed_config", None)
+    recorded = config.get("tp_size") if isinstance(config, dict) else getattr(config, "tp_size", None)
+    if recorded is not None:
+        return recorded
     from torch.distributed.tensor import DTensor
 
     for param in model.parameters():
@@ -63,18 +73,24 @@ def get_model_tp_size(model: nn.Module) -> int | None:
 
 
 def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Drop the names whose tensors share storage with an earlier name (safetensors refuses them) and make
-    the rest contiguous."""
+    """Drop the names whose tensors share storage with an earlier name (safetensors refuses them), with a
+    warning naming them, and make the rest contiguous."""
     seen: dict[tuple[Any, int], str] = {}
     clean: dict[str, Any] = {}
+    removed: list[str] = []
     for name, value in state_dict.items():
         if isinstance(value, torch.Tensor):
             key = (value.device, value.untyped_storage().data_ptr())
             if value.numel() and key in seen:
+                removed.append(name)
                 continue
             seen[key] = name
             value = value.contiguous()
         clean[name] = value
+    if removed:
+        logging.getLogger(__name__).warning(
+            "Removed shared tensor %s while saving (each shares its storage with a tensor kept under another "
+            "name); loading the file back ties them only if the model ties them itself", removed)
     return clean
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
+import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 from torch import nn
@@ -27,16 +29,56 @@ def wait_for_everyone() -> None:
 
 def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True,
                                 keep_torch_compile: bool = True) -> nn.Module:
-    """The user's module inside DDP / DeepSpeed wrappers (and torch.compile's unless kept)."""
+    """The user's module inside DDP / DataParallel / DeepSpeed wrappers. A ``torch.compile`` wrapper is
+    looked through: with ``keep_torch_compile`` (the default) the result is a compiled wrapper of the
+    unwrapped module, sharing the original's compile settings (the original is left as it is); otherwise the
+    plain module. ``keep_fp32_wrapper=False`` also undoes ``convert_outputs_to_fp32`` on a forward that
+    Accelerate-style code saved as ``model._original_forward``."""
+    compiled = model if _compiled_inner(model) is not None else None
+    model = _compiled_inner(model) or model
     while True:
         inner = getattr(model, "module", None)
-        compiled = None if keep_torch_compile else getattr(model, "_orig_mod", None)
         if type(model).__name__ in _WRAPPERS and isinstance(inner, nn.Module):
             model = inner
-        elif isinstance(compiled, nn.Module):
-            model = compiled
+        elif not keep_torch_compile and _compiled_inner(model) is not None:
+            model = _compiled_inner(model) or model
         else:
-            return model
+            break
+    if not keep_fp32_wrapper:
+        _restore_original_forward(model)
+    if compiled is None or not keep_torch_compile:
+        return model
+    return _recompiled(compiled, model)
+
+
+def _compiled_inner(model: object) -> nn.Module | None:
+    """The module inside a ``torch.compile`` wrapper; None when ``model`` is not one."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # nothing was compiled unless dynamo is loaded
+    if eval_frame is None or not isinstance(model, eval_frame.OptimizedModule):
+        return None
+    return cast(nn.Module, cast(Any, model)._orig_mod)
+
+
+def _recompiled(compiled: nn.Module, inner: nn.Module) -> nn.Module:
+    """``compiled`` (a ``torch.compile`` wrapper) itself when it wraps ``inner``, else a new compiled wrapper
+    of ``inner`` with the same compile settings (``compiled`` is left as it is)."""
+    if _compiled_inner(compiled) is inner:
+        return compiled
+    return type(compiled)(inner, cast(Any, compiled).dynamo_ctx)
+
+
+def _restore_original_forward(model: nn.Module) -> None:
+    original = model.__dict__.pop("_original_forward", None)
+    if original is None:
+        return
+    forward = model.forward
+    while hasattr(forward, "__wrapped__") and forward != original:
+        forward = getattr(forward, "__wrapped__")  # noqa: B009 (functools.wraps sets it)
+    function = getattr(forward, "__func__", forward)
+    if function is getattr(type(model), "forward", None):
+        model.__dict__.pop("forward", None)  # the class's own forward again
+    else:
+        model.forward = types.MethodType(function, model)
 
 
 _WRAPPERS = ("DistributedDataParallel", "DataParallel", "DeepSpeedEngine")
