@@ -474,12 +474,14 @@ def _pad_one(tensor: torch.Tensor, dim: int | None, size: int, pad_index: Any, p
     return padded
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """Raised as a warning when ``pad_across_processes`` meets a nested tensor it cannot pad."""
+
+
 def _warn_about_nested_tensors(data: Any) -> None:
     """Warn (``CannotPadNestedTensorWarning``, as Accelerate) about each nested tensor in ``data``: padding
     leaves it as it is, since its rows have no one size to pad to."""
     def warn(tensor: torch.Tensor) -> torch.Tensor:
-        from overdrive.compat.operations import CannotPadNestedTensorWarning
-
         warnings.warn("Cannot pad nested tensors without more information. Leaving unprocessed.",
                       CannotPadNestedTensorWarning, stacklevel=4)
         return tensor

@@ -10,10 +10,7 @@ from typing import Any
 import torch
 
 import overdrive.ops as ops
-
-
-class CannotPadNestedTensorWarning(UserWarning):
-    """Raised as a warning when ``pad_across_processes`` meets a nested tensor it cannot pad."""
+from overdrive.ops import CannotPadNestedTensorWarning  # noqa: F401 (Accelerate's name, in accelerate.utils)
 
 
 def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module: Any = None,  # noqa: N802
