@@ -262,7 +262,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             even_batches=config.even_batches, slice_fn_for_dispatch=slice_fn_for_dispatch,
             use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed,
             non_blocking=config.non_blocking, use_stateful_dataloader=config.use_stateful_dataloader,
-            gradient_state=self.gradient_state)
+            gradient_state=self.gradient_state, exact_resume=config.exact_resume)
         self.prepared.dataloaders.append(prepared)
         return prepared
 

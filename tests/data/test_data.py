@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -94,7 +95,7 @@ def test_map_style_shards_reproduce_single_process_order(n, length, per, split, 
     def make(num, index, size=batch_size, drop=drop_last):
         loader = DataLoader(list(range(length)), batch_size=size, shuffle=shuffle, drop_last=drop)
         return prepare_data_loader(loader, num_processes=num, process_index=index, split_batches=split,
-                                   even_batches=even, data_seed=11)
+                                   even_batches=even, use_seedable_sampler=True, data_seed=11)
 
     stream = [x for b in make(1, 0, size=1, drop=False) for x in b.tolist()]  # the single-process order
     assert sorted(stream) == list(range(length))
@@ -134,7 +135,7 @@ def test_iterable_shards_reproduce_single_process_order(n, length, per, split, e
 def test_same_shuffled_global_order_at_any_world_size():
     def global_order(n):
         shards = [batches(prepare_data_loader(DataLoader(range(30), batch_size=5, shuffle=True),
-                                              num_processes=n, process_index=i, data_seed=3)) for i in range(n)]
+                                              num_processes=n, process_index=i, use_seedable_sampler=True, data_seed=3)) for i in range(n)]
         return [x for step in zip(*shards) for b in step for x in b]
 
     one = global_order(1)
@@ -144,11 +145,11 @@ def test_same_shuffled_global_order_at_any_world_size():
 
 
 def test_epochs_advance_and_set_epoch_selects_one():
-    loader = prepare_data_loader(DataLoader(range(20), batch_size=4, shuffle=True), data_seed=5)
+    loader = prepare_data_loader(DataLoader(range(20), batch_size=4, shuffle=True), use_seedable_sampler=True, data_seed=5)
     epochs = [sum(batches(loader), []) for _ in range(3)]
     assert len({tuple(e) for e in epochs}) == 3  # each epoch its own order
     assert loader.epoch == 2
-    other = prepare_data_loader(DataLoader(range(20), batch_size=4, shuffle=True), data_seed=5)
+    other = prepare_data_loader(DataLoader(range(20), batch_size=4, shuffle=True), use_seedable_sampler=True, data_seed=5)
     other.set_epoch(1)
     assert sum(batches(other), []) == epochs[1]
     other.set_epoch(1)  # set again: the same epoch again
@@ -158,12 +159,13 @@ def test_epochs_advance_and_set_epoch_selects_one():
 
 def test_default_seed_is_torch_initial_seed_or_the_generator_seed():
     torch.manual_seed(1234)
-    loader = prepare_data_loader(DataLoader(range(10), batch_size=2, shuffle=True))
+    loader = prepare_data_loader(DataLoader(range(10), batch_size=2, shuffle=True), use_seedable_sampler=True)
     assert loader.state_dict()["seed"] == 1234
     expected = SeedableRandomSampler(range(10), seed=1234)
     assert sum(batches(loader), []) == list(expected)
     generator = torch.Generator().manual_seed(99)
-    loader = prepare_data_loader(DataLoader(range(10), batch_size=2, shuffle=True, generator=generator))
+    loader = prepare_data_loader(DataLoader(range(10), batch_size=2, shuffle=True, generator=generator),
+                                 use_seedable_sampler=True)
     assert loader.state_dict()["seed"] == 99
     assert loader.generator is generator  # the user's generator (worker seeds) is kept
 
@@ -189,9 +191,10 @@ def test_seedable_sampler_order_is_torch_random_samplers_with_a_seed_and_epoch_g
         sampler.set_epoch(epoch)
         reference = RandomSampler(range(size), num_samples=num_samples,
                                   generator=torch.Generator().manual_seed(11 + epoch))
-        assert list(sampler) == sampler.order() == list(reference)
-    # a list's own iterator, not a generator: no frame resume per sample (bench/loader_overhead.py)
-    assert type(iter(sampler)) is type(iter([]))
+        assert sampler.order() == list(sampler) == list(reference)
+        assert sampler.epoch == epoch + 1  # a full pass moves to the next epoch, as Accelerate's sampler
+    # a list's iterator chained in C, not a generator: no frame resume per sample (bench/loader_overhead.py)
+    assert type(iter(sampler)) is itertools.chain
     drawn = SeedableRandomSampler(range(5), replacement=True, num_samples=40, seed=2)
     assert list(drawn) == torch.randint(5, (40,), generator=torch.Generator().manual_seed(2)).tolist()
 
@@ -226,7 +229,8 @@ def test_breaking_out_removes_the_loader_from_gradient_state():
 def test_state_dict_resumes_mid_epoch_without_loading_skipped_samples(n, split):
     def make(dataset):
         loader = DataLoader(dataset, batch_size=3 if split else 2, shuffle=True)
-        return prepare_data_loader(loader, num_processes=n, process_index=n - 1, split_batches=split)
+        return prepare_data_loader(loader, num_processes=n, process_index=n - 1, split_batches=split,
+                                   exact_resume=True)
 
     torch.manual_seed(7)
     first = make(CountingDataset(23))
@@ -250,7 +254,7 @@ def test_state_dict_resumes_mid_epoch_without_loading_skipped_samples(n, split):
 
 def test_state_saved_at_the_end_of_an_epoch_resumes_with_the_next_epoch():
     def make():
-        return prepare_data_loader(DataLoader(range(12), batch_size=4, shuffle=True), data_seed=1)
+        return prepare_data_loader(DataLoader(range(12), batch_size=4, shuffle=True), use_seedable_sampler=True, data_seed=1)
 
     loader = make()
     for _ in loader:
@@ -262,11 +266,11 @@ def test_state_saved_at_the_end_of_an_epoch_resumes_with_the_next_epoch():
 
 
 def test_explicit_set_epoch_is_kept_through_state_dict():
-    loader = prepare_data_loader(DataLoader(range(12), batch_size=4, shuffle=True), data_seed=1)
+    loader = prepare_data_loader(DataLoader(range(12), batch_size=4, shuffle=True), use_seedable_sampler=True, data_seed=1)
     loader.set_epoch(5)
     state = loader.state_dict()
     assert state["epoch_set"]
-    resumed = prepare_data_loader(DataLoader(range(12), batch_size=4, shuffle=True), data_seed=1)
+    resumed = prepare_data_loader(DataLoader(range(12), batch_size=4, shuffle=True), use_seedable_sampler=True, data_seed=1)
     resumed.load_state_dict(state)
     assert batches(resumed) == batches(loader)
 
@@ -290,9 +294,9 @@ def test_iterable_state_dict_resumes_by_reading():
 def test_skip_first_batches_on_a_prepared_loader_skips_once():
     dataset = CountingDataset(20)
     loader = prepare_data_loader(DataLoader(dataset, batch_size=2, shuffle=True), num_processes=2,
-                                 process_index=0, data_seed=4)
+                                 process_index=0, use_seedable_sampler=True, data_seed=4)
     reference = prepare_data_loader(DataLoader(range(20), batch_size=2, shuffle=True), num_processes=2,
-                                    process_index=0, data_seed=4)
+                                    process_index=0, use_seedable_sampler=True, data_seed=4)
     full = [batches(reference) for _ in range(2)]
     assert skip_first_batches(loader, 3) is loader
     assert batches(loader) == full[0][3:]

@@ -96,12 +96,17 @@ def expected_cases(cases, n: int) -> list[dict]:
 def two_ranks() -> dict:
     rank = _init()
     out: dict = {}
-    # Ranks seeded differently still agree on rank 0's seed.
+    # Ranks seeded differently still agree on rank 0's seed (the seedable sampler).
     torch.manual_seed(100 + rank)
-    loader = prepare_data_loader(DataLoader(range(20), batch_size=3, shuffle=True))
+    loader = prepare_data_loader(DataLoader(range(20), batch_size=3, shuffle=True), use_seedable_sampler=True)
     out["place"] = (loader.batch_sampler.num_processes, loader.batch_sampler.process_index)
     out["seed"] = loader.state_dict()["seed"]
     out["shuffled"] = [b.tolist() for b in loader]
+    # Accelerate's default: the sampler's generator (made from each rank's own global RNG here) takes rank 0's
+    # state at each epoch start, so the ranks' shards of every epoch still split one permutation.
+    torch.manual_seed(200 + rank)
+    default = prepare_data_loader(DataLoader(range(16), batch_size=2, shuffle=True), rng_types=["generator"])
+    out["default_shuffled"] = [[b.tolist() for b in default] for _ in range(2)]
 
     # rng_types: rank 0's torch RNG state is given to every rank when an iteration starts.
     synced = prepare_data_loader(DataLoader(range(4), batch_size=2), rng_types=["torch", "generator"])
@@ -116,7 +121,7 @@ def two_ranks() -> dict:
     # Map-style dispatch, shuffled, resumed mid-epoch from a state dict on fresh loaders.
     def mapped():
         return prepare_data_loader(DataLoader(range(21), batch_size=2, shuffle=True), dispatch_batches=True,
-                                   data_seed=5)
+                                   use_seedable_sampler=True, data_seed=5)
 
     first = mapped()
     run = iter(first)
@@ -170,6 +175,10 @@ def test_two_ranks():
     assert results[0]["synced_draw"] == results[1]["synced_draw"]
     order = list(SeedableRandomSampler(range(20), seed=100))
     assert [r["shuffled"] for r in results] == expected_shards(order, 2, 3, False, True, False)
+    for epoch in range(2):
+        shards = [r["default_shuffled"][epoch] for r in results]
+        assert sorted(x for shard in shards for batch in shard for x in batch) == list(range(16))
+    assert results[0]["default_shuffled"][0] != results[0]["default_shuffled"][1]  # a new order each epoch
 
     expected = expected_cases(CASES_2, 2)
     for rank in range(2):

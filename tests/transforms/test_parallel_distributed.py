@@ -29,13 +29,15 @@ def train(layout: dict[str, Any], steps: int, folder: str | None = None, save_at
           resume: str | None = None, seed: int = 0) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
-    from overdrive import Accelerator
+    from overdrive import Accelerator, DataLoaderConfiguration
     from overdrive.config import ParallelismConfig, TorchTensorParallelPlugin
     from test_parallel_helpers import loss_fn, make_data
 
     sizes = {k: v for k, v in layout.items() if k != "sp"}
     tp = TorchTensorParallelPlugin(sequence_parallel=layout.get("sp", False))
-    accelerator = Accelerator(parallelism_config=ParallelismConfig(**sizes, tp_handler=tp))
+    # exact_resume: a resumed run's loader continues at the saved step, also under another layout
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(**sizes, tp_handler=tp),
+                              dataloader_config=DataLoaderConfiguration(exact_resume=True))
     model = make_model(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = DataLoader(make_data(), batch_size=8 // accelerator.data_parallel_size)

@@ -31,6 +31,7 @@ from overdrive.checkpoint.state import (
     loader_state_for,
     optimizer_owner,
     restore_rng,
+    restores_position,
 )
 from overdrive.checkpoint.storage import (
     SafeFileSystemReader,
@@ -125,7 +126,7 @@ class _Reading(NamedTuple):
     engine: Any
     reader: SafeFileSystemReader
     plan: _Plan
-    loader_states: list[dict[str, Any]]
+    loader_states: list[dict[str, Any] | None]
     decoded: dict[str, Any]
 
 
@@ -148,7 +149,9 @@ def _read_and_check(run: TrainingState, folder: Path, group: Group, strict: bool
     plan.add_optimizers(run, state)
     plan.add_references(state)
     plan.raise_problems()
-    loader_states = [loader_state_for(decode(record), loader, i)
+    # As Accelerate, a loader's position is restored only when it asked for it (exact_resume / stateful):
+    # otherwise the script skips the batches it already trained on.
+    loader_states = [loader_state_for(decode(record), loader, i) if restores_position(loader) else None
                      for i, (record, loader) in enumerate(zip(state["dataloaders"], run.objects.dataloaders))]
     # Everything is decoded before anything changes: a value refused here (a set without allow_pickle,
     # a damaged record) leaves the run as it was. Tensors referred to are filled by the reads below.
@@ -365,12 +368,14 @@ def _references(encoded: Any) -> list[str]:
 
 
 def _restore_process_state(run: TrainingState, state: dict[str, Any], decoded: dict[str, Any],
-                           loader_states: list[dict[str, Any]], manifest: dict[str, Any], group: Group) -> None:
+                           loader_states: list[dict[str, Any] | None], manifest: dict[str, Any], group: Group) -> None:
     """Counters, data-loader positions and, last, this rank's RNG states."""
     counters = state["counters"]
     run.load_counters(counters)
     generators = decoded["generators"]
     for i, (loader, loader_state) in enumerate(zip(run.objects.dataloaders, loader_states)):
+        if loader_state is None:
+            continue
         loader.load_state_dict(loader_state)
         generator = getattr(loader, "generator", None)
         if generator is not None and i < len(generators) and generators[i] is not None:

@@ -175,6 +175,12 @@ def loader_record(loader: Any) -> dict[str, Any]:
     return {"state": loader.state_dict(), "total_batch_size": getattr(loader, "total_batch_size", None)}
 
 
+def restores_position(loader: Any) -> bool:
+    """Whether ``load_state`` puts ``loader`` back at its saved position (and its generator's saved state):
+    only a loader prepared with ``exact_resume`` or ``use_stateful_dataloader``, as in Accelerate."""
+    return bool(getattr(loader, "exact_resume", False))
+
+
 def _mid_epoch(state: dict[str, Any]) -> bool:
     return bool(state.get("iterated")) and not state.get("end_of_dataloader") and not state.get("epoch_set")
 

@@ -16,8 +16,15 @@ class DataLoaderConfiguration:
     - ``even_batches``: every process gets the same number of batches, wrapping around to the start of
       the data to fill the last one; ``gather_for_metrics`` drops those duplicates.
     - ``use_seedable_sampler``: shuffle from ``data_seed`` (default: the seed in force) and the epoch, so
-      the global order is the same at any world size.
+      the global order is the same at any world size. Off (Accelerate's default): the loader's own sampler
+      and ``generator`` are kept, with the generator synchronised across processes at each epoch.
     - ``non_blocking``: copy batches to the device asynchronously (with pinned memory).
+    - ``use_stateful_dataloader``: build on torchdata's ``StatefulDataLoader``; ``load_state`` restores the
+      loaders' positions (as Accelerate does with it).
+    - ``exact_resume`` (overdrive's, off by default): ``load_state`` puts every prepared loader back where the
+      checkpoint stopped, mid-epoch (also at another number of processes), and the resumed run's random
+      numbers continue as if it had never stopped; implies ``use_seedable_sampler``. Off, as in Accelerate,
+      the script skips the batches it already trained on (``accelerator.skip_first_batches(loader, n)``).
     """
 
     split_batches: bool = False
@@ -27,6 +34,7 @@ class DataLoaderConfiguration:
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
+    exact_resume: bool = False
 
 
 

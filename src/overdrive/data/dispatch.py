@@ -130,7 +130,8 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
     def __init__(self, dataset: Any, num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
                  slice_fn: Callable[..., Any] | None = None, device: torch.device | str | None = None,
                  rng_types: list[Any] | None = None, non_blocking: bool = False,
-                 gradient_state: GradientState | None = None, **dataloader_kwargs: Any) -> None:
+                 gradient_state: GradientState | None = None, exact_resume: bool = False,
+                 **dataloader_kwargs: Any) -> None:
         self._base.__init__(self, dataset, **dataloader_kwargs)
         _check_index(num_processes, process_index)
         if isinstance(self.batch_sampler, DispatchBatchSampler):
@@ -151,7 +152,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         self.slice_fn = slice_fn or slice_batch
         self._dp_of_rank: list[int] | None = None
         object.__setattr__(self, "batch_size", shard.per_process_batch_size)
-        self._init_prepared(shard, device, non_blocking, rng_types, gradient_state)
+        self._init_prepared(shard, device, non_blocking, rng_types, gradient_state, exact_resume=exact_resume)
 
     def __len__(self) -> int:
         return self._remaining(self._shard.num_steps(self.process_index))

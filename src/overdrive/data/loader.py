@@ -66,6 +66,20 @@ def seedable_batch_sampler(batch_sampler: Iterable[list[int]], data_seed: int | 
     return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
 
 
+def accelerate_shuffling(batch_sampler: Any, num_processes: int) -> torch.Generator | None:
+    """Accelerate's default for several processes: the user's sampler is kept and its generator kept equal on
+    every rank (rank 0's state at each epoch start). A sampler without a generator gets one here, seeded from
+    torch's global generator as Accelerate seeds it (the draw happens on every rank alike). Returns the
+    generator to synchronise, or ``None`` (one process, or no sampler with a generator)."""
+    sampler = getattr(batch_sampler, "sampler", None)
+    if num_processes == 1 or sampler is None or not hasattr(sampler, "generator"):
+        return None
+    if sampler.generator is None:
+        sampler.generator = torch.Generator()
+        sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    return sampler.generator
+
+
 def _find_seedable(batch_sampler: Any) -> SeedableRandomSampler | None:
     """The SeedableRandomSampler inside a chain of batch-sampler wrappers, if any."""
     node = batch_sampler
@@ -114,7 +128,8 @@ class PreparedLoaderMixin:
     batch_size: int | None
 
     def _init_prepared(self, shard: Any, device: torch.device | str | None, non_blocking: bool,
-                       rng_types: list[Any] | None, gradient_state: GradientState | None) -> None:
+                       rng_types: list[Any] | None, gradient_state: GradientState | None,
+                       synchronized_generator: torch.Generator | None = None, exact_resume: bool = False) -> None:
         self._shard = shard  # holds even_batches and drop_last (a BatchSamplerShard or IterableDatasetShard)
         self._even_batches = True if shard is None else shard.even_batches
         self.device = device
@@ -122,6 +137,11 @@ class PreparedLoaderMixin:
         self._moves_batches = device is not None and torch.device(device).type != "cpu"
         self.non_blocking = non_blocking
         self.rng_types = list(rng_types or [])
+        #: the generator kept equal on every rank at each epoch start ("generator" in ``rng_types``)
+        self.synchronized_generator = synchronized_generator
+        #: ``load_state`` puts this loader back at its saved position (``DataLoaderConfiguration(exact_resume=
+        #: True)``, or torchdata's stateful loader); otherwise, as in Accelerate, the script skips batches itself
+        self.exact_resume = bool(exact_resume)
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self._seedable = _find_seedable(self.batch_sampler)
         self._epoch = 0
@@ -221,7 +241,12 @@ class PreparedLoaderMixin:
         self._apply_epoch(self._epoch)
 
     def _apply_epoch(self, epoch: int) -> None:
-        for target in (self.batch_sampler, self.dataset):
+        # as Accelerate: the batch sampler, its sampler, a wrapped batch sampler's sampler, else the dataset
+        batch_sampler = self.batch_sampler
+        targets = [batch_sampler, getattr(batch_sampler, "sampler", None)]
+        inner = getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None)
+        targets.append(inner if inner is not None and hasattr(inner, "set_epoch") else self.dataset)
+        for target in targets:
             if target is not None and hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
 
@@ -266,9 +291,10 @@ class PreparedLoaderMixin:
         """DataLoader draws its workers' base seed from torch's global generator each time an iterator is
         made. A run resumed mid-epoch makes one where the uninterrupted run did not, which would shift
         every later random number (dropout masks). Without a user generator, draw that seed from a
-        generator of (seed, epoch) instead: the global RNG stays untouched and worker seeds resume too."""
+        generator of (seed, epoch) instead: the global RNG stays untouched and worker seeds resume too. Only
+        with ``exact_resume``: by default the global generator is drawn from, as in Accelerate."""
         # a mixin: super() is the DataLoader it is combined with, which pyright cannot know
-        if self.generator is not None:
+        if self.generator is not None or not self.exact_resume:
             return super()._get_iterator()  # pyright: ignore[reportAttributeAccessIssue]
         seed = self._seedable.seed if self._seedable is not None else 0
         self.generator = torch.Generator().manual_seed((seed * 1_000_003 + self._epoch) % 2**63)
@@ -305,9 +331,10 @@ class PreparedLoaderMixin:
             return
         from overdrive.utils.random import synchronize_rng_states
 
-        # "generator" means the loader's own generator (worker seeds); without one there is nothing to sync.
-        types = [t for t in self.rng_types if str(getattr(t, "value", t)) != "generator" or self.generator is not None]
-        synchronize_rng_states(types, self.generator)
+        # "generator" means the shuffling sampler's generator; without one there is nothing to sync.
+        generator = self.synchronized_generator
+        types = [t for t in self.rng_types if str(getattr(t, "value", t)) != "generator" or generator is not None]
+        synchronize_rng_states(types, generator)
 
     def _reached_end(self) -> None:
         # Called before the last batch is handed out, so the loop body already sees it.
@@ -342,6 +369,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
 
     def __init__(self, dataset: Any, device: torch.device | str | None = None, rng_types: list[Any] | None = None,
                  non_blocking: bool = False, gradient_state: GradientState | None = None,
+                 synchronized_generator: torch.Generator | None = None, exact_resume: bool = False,
                  **dataloader_kwargs: Any) -> None:
         self._base.__init__(self, dataset, **dataloader_kwargs)
         shard: Any = None
@@ -351,7 +379,8 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             object.__setattr__(self, "batch_size", shard.per_process_batch_size)
         elif isinstance(self.dataset, IterableDatasetShard):
             shard = self.dataset
-        self._init_prepared(shard, device, non_blocking, rng_types, gradient_state)
+        self._init_prepared(shard, device, non_blocking, rng_types, gradient_state, synchronized_generator,
+                            exact_resume)
 
     def __len__(self) -> int:
         full = self.dataset.num_steps() if isinstance(self.dataset, IterableDatasetShard) else self._base.__len__(self)

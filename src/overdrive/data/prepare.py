@@ -12,6 +12,7 @@ from overdrive.data.loader import (
     DataLoaderShard,
     PreparedLoaderMixin,
     SkipDataLoader,
+    accelerate_shuffling,
     loader_settings,
     seedable_batch_sampler,
     stateful_loader_class,
@@ -69,25 +70,29 @@ def prepare_data_loader(
     use_stateful_dataloader: bool = False,
     torch_device_mesh: Any = None,
     gradient_state: GradientState | None = None,
+    exact_resume: bool = False,
 ) -> DataLoaderShard | DataLoaderDispatcher:
     """Rebuild ``dataloader`` so that this process yields its share of every epoch.
 
     Process ``i`` of ``n`` takes batches ``i, i+n, ...`` of the original loader (or slice ``i`` of each
     batch with ``split_batches``), so ``n`` processes with batch ``b`` see what one process sees with
-    batch ``n*b``. A shuffling ``RandomSampler`` becomes a :class:`SeedableRandomSampler` seeded with
-    ``data_seed`` (default: rank 0's torch seed, broadcast), so the order is the same at any world size
-    and an epoch can be resumed exactly. ``dispatch_batches`` (default: on for iterable datasets) has
-    rank 0 read everything and send each process its part. The user's loader settings (collate_fn,
-    workers, pin_memory, generator, ...) are kept. Call it on every process: it may communicate.
+    batch ``n*b``. ``dispatch_batches`` (default: on for iterable datasets) has rank 0 read everything and
+    send each process its part. The user's loader settings (collate_fn, workers, pin_memory, generator, ...)
+    are kept. Call it on every process: it may communicate.
 
-    ``use_seedable_sampler`` is accepted for Accelerate compatibility: the seedable sampler is always used.
-    Every prepared loader has ``state_dict``; ``use_stateful_dataloader=True`` builds it on torchdata's
-    ``StatefulDataLoader`` (an error names the package when torchdata is missing).
+    Shuffling is Accelerate's: the loader's own sampler is kept (its ``generator`` honoured); with several
+    processes a sampler with a ``generator`` gets one if it has none (seeded from torch's global generator)
+    and rank 0's generator state is given to every rank at each epoch start (``rng_types`` with
+    ``"generator"``). ``use_seedable_sampler=True`` replaces a ``RandomSampler`` by a
+    :class:`SeedableRandomSampler` seeded with ``data_seed`` (default: rank 0's torch seed, broadcast): the
+    order is then a function of (seed, epoch), the same at any number of processes. ``exact_resume=True``
+    (overdrive's; implies the seedable sampler) makes ``load_state`` put the loader back at its saved
+    position. Every prepared loader has ``state_dict``; ``use_stateful_dataloader=True`` builds it on
+    torchdata's ``StatefulDataLoader`` (an error names the package when torchdata is missing).
 
         loader = prepare_data_loader(DataLoader(dataset, batch_size=16, shuffle=True),
                                      device=torch.device("cuda", 0), put_on_device=True)
     """
-    del use_seedable_sampler  # always on, see the docstring
     if isinstance(dataloader, PreparedLoaderMixin):  # already prepared: sharding twice would lose data
         return cast("DataLoaderShard | DataLoaderDispatcher", dataloader)  # the mixin's only two classes
     if dataloader.batch_sampler is None and dataloader.batch_size is None:
@@ -97,9 +102,10 @@ def prepare_data_loader(
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
     dispatch = iterable if dispatch_batches is None else bool(dispatch_batches)
+    exact_resume = bool(exact_resume or use_stateful_dataloader)
     common: dict[str, Any] = dict(device=device if put_on_device else None, rng_types=rng_types,
                                   non_blocking=non_blocking, gradient_state=gradient_state,
-                                  **loader_settings(dataloader))
+                                  exact_resume=exact_resume, **loader_settings(dataloader))
     dispatch_args = dict(num_processes=num_processes, process_index=process_index, split_batches=split_batches,
                          slice_fn=slice_fn_for_dispatch)
     shard_class: Any = stateful_loader_class(DataLoaderShard) if use_stateful_dataloader else DataLoaderShard
@@ -121,12 +127,16 @@ def prepare_data_loader(
         return shard_class(shard, batch_size=shard.per_process_batch_size, drop_last=drop_last, **common)
     # a DataLoader with a batch size builds a batch sampler; with neither it was refused above
     assert dataloader.batch_sampler is not None
-    batch_sampler = seedable_batch_sampler(dataloader.batch_sampler, data_seed)
+    batch_sampler: Any = dataloader.batch_sampler
+    seedable = use_seedable_sampler or exact_resume
+    if seedable:  # an order of (seed, epoch), which a resume can recompute
+        batch_sampler = seedable_batch_sampler(batch_sampler, data_seed)
     if dispatch:
         rounds = BatchSamplerShard(batch_sampler, num_processes, 0, split_batches, even_batches)
         return dispatcher(dataset, batch_sampler=DispatchBatchSampler(rounds), **dispatch_args, **common)
     shard_sampler = BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
-    return shard_class(dataset, batch_sampler=shard_sampler, **common)
+    generator = None if seedable else accelerate_shuffling(batch_sampler, num_processes)
+    return shard_class(dataset, batch_sampler=shard_sampler, synchronized_generator=generator, **common)
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:

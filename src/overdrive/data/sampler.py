@@ -27,13 +27,25 @@ class SeedableRandomSampler(RandomSampler):
         sampler = SeedableRandomSampler(dataset, seed=42)
         sampler.set_epoch(3)
         order = list(sampler)  # the same in every process and every run
+
+    Accelerate's signature works too: ``data_seed`` is the seed (default: torch's initial seed, read when the
+    sampler is made), a ``generator`` given is re-seeded with ``seed + epoch`` at each epoch, and a full
+    pass moves the sampler to the next epoch (a prepared loader sets the epoch itself at each iteration).
     """
 
     def __init__(self, data_source: Sized, replacement: bool = False, num_samples: int | None = None,
-                 seed: int = 0, epoch: int = 0) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+                 generator: torch.Generator | None = None, seed: int | None = None, epoch: int = 0,
+                 data_seed: int | None = None) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        if seed is None:
+            seed = data_seed if data_seed is not None else torch.random.initial_seed()
         self.seed = int(seed)
         self.epoch = int(epoch)
+
+    @property
+    def initial_seed(self) -> int:
+        """The seed (Accelerate's name for it)."""
+        return self.seed
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order at the next iteration."""
@@ -41,8 +53,8 @@ class SeedableRandomSampler(RandomSampler):
 
     def order(self) -> list[int]:
         """This epoch's whole order, the indices iterating yields, as one list."""
-        # A fresh generator per epoch: the order never depends on how much was drawn before.
-        generator = torch.Generator()
+        # Re-seeded per epoch: the order never depends on how much was drawn before.
+        generator = self.generator if self.generator is not None else torch.Generator()
         generator.manual_seed((self.seed + self.epoch) % 2**64)
         size = len(self.data_source)
         if self.replacement:
@@ -54,10 +66,15 @@ class SeedableRandomSampler(RandomSampler):
             order += torch.randperm(size, generator=generator)[: self.num_samples % size].tolist()
         return order
 
+    def _next_epoch(self) -> Iterator[int]:
+        self.epoch += 1  # reached only once the epoch's order was read to its end
+        yield from ()
+
     def __iter__(self) -> Iterator[int]:
-        # The list's own iterator: a generator here costs a frame resume per index, which the batch sampler
-        # (and a sharded loader, which reads the whole order at each epoch's start) pays for every sample.
-        return iter(self.order())
+        # The list's own iterator, chained in C: a generator per index would cost a frame resume per sample,
+        # which the batch sampler (and a sharded loader, which reads the whole order at each epoch's start)
+        # pays for every sample. The trailing generator runs once, after the last index.
+        return itertools.chain(self.order(), self._next_epoch())
 
 
 def batches_per_process(num_batches: int, num_processes: int, process_index: int, split_batches: bool,
@@ -137,12 +154,11 @@ class BatchSamplerShard(Sampler[list[int]]):
         return self.batch_size if self.split_batches else self.batch_size * self.num_processes
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to the wrapped batch sampler or its sampler, whichever takes one."""
+        """Forward the epoch to the wrapped batch sampler and its sampler, each that takes one."""
         for target in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
             set_epoch = getattr(target, "set_epoch", None)
             if set_epoch is not None:
                 set_epoch(epoch)
-                return
 
     def _last_batch_size(self) -> int | None:
         sampler = getattr(self.batch_sampler, "sampler", None)
@@ -167,8 +183,13 @@ class BatchSamplerShard(Sampler[list[int]]):
             batches = iter(self.batch_sampler)
             return itertools.islice(batches, self.skip_batches, None) if self.skip_batches else batches
         if not self.split_batches and _plain_batches(self.batch_sampler):
-            return iter(self._own_batches_at_once())
+            # cut on the first next(), not here: DataLoader makes this iterator before it draws its base seed,
+            # and the order must be drawn after that seed, as iterating the batch sampler draws it
+            return itertools.chain.from_iterable(self._epoch_at_first_next())
         return self._own_batches()
+
+    def _epoch_at_first_next(self) -> Iterator[list[list[int]]]:
+        yield self._own_batches_at_once()
 
     def _own_batches_at_once(self) -> list[list[int]]:
         """This process's batches of the epoch, cut from the epoch's index order in one go (C-level slices):

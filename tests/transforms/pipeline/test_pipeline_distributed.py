@@ -209,9 +209,11 @@ def _train(accelerator: Any, model: Any, opt: Any, loader: Any, steps: int) -> l
 def _prepared(pp: bool) -> tuple[Any, ...]:
     from torch.utils.data import DataLoader
 
-    from overdrive import Accelerator
+    from overdrive import Accelerator, DataLoaderConfiguration
 
-    accelerator = pipeline_accelerator(num_microbatches=2, with_loss_fn=False) if pp else Accelerator()
+    exact = DataLoaderConfiguration(exact_resume=True)  # load_state continues the loader mid-epoch
+    accelerator = (pipeline_accelerator(num_microbatches=2, with_loss_fn=False, dataloader_config=exact) if pp
+                   else Accelerator(dataloader_config=exact))
     model = build_hf("gpt2", tie=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = DataLoader(make_data(), batch_size=8, shuffle=True)

@@ -130,10 +130,11 @@ def mixed_shape_pipelined(accelerator: Any, batch_size: int, steps: int) -> list
 
 
 def pipeline_accelerator(schedule: str = "1F1B", stages_per_rank: int | None = None, num_microbatches: int = 4,
-                         with_loss_fn: bool = True, accumulate: int = 1, **sizes: Any) -> Any:
+                         with_loss_fn: bool = True, accumulate: int = 1, dataloader_config: Any = None,
+                         **sizes: Any) -> Any:
     from overdrive import Accelerator, ParallelismConfig, PipelineConfig
 
     config = PipelineConfig(schedule=schedule, stages_per_rank=stages_per_rank, num_microbatches=num_microbatches,
                             loss_fn=loss_fn if with_loss_fn else None)
-    return Accelerator(gradient_accumulation_steps=accumulate,
+    return Accelerator(gradient_accumulation_steps=accumulate, dataloader_config=dataloader_config,
                        parallelism_config=ParallelismConfig(pp_size=2, pp_handler=config, **sizes))
