@@ -170,7 +170,7 @@ def test_config_questionnaire_from_answers_on_stdin(tmp_path):
     answers = "1\n\n4\nno\nbf17\nbf16\n"
     result = overdrive("config", "--config_file", str(target), env=clean_env(tmp_path), stdin=answers)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "'bf17' is not one of no, fp16, bf16, fp8" in result.stdout
+    assert "'bf17' is not valid; choose from no, fp16, bf16, fp8" in result.stdout
     written = cf.load_config(target)
     assert written["distributed_type"] == "MULTI_CPU" and written["num_processes"] == 4
     assert written["mixed_precision"] == "bf16" and written["use_cpu"] is True

@@ -33,7 +33,7 @@ def test_every_bad_value_is_reported_naming_its_variable():
         settings_from_environment({"ACCELERATE_MIXED_PRECISION": "fp33", "ACCELERATE_USE_CPU": "maybe",
                                    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "0"})
     text = str(info.value)
-    assert "ACCELERATE_MIXED_PRECISION='fp33' is not valid; choose one of no, fp16, bf16, fp8" in text
+    assert "ACCELERATE_MIXED_PRECISION='fp33' is not valid; choose from no, fp16, bf16, fp8" in text
     assert "ACCELERATE_USE_CPU='maybe' is not a yes/no value" in text
     assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS='0' is not valid; it must be an integer >= 1" in text
     with pytest.raises(ValueError, match="both set"):
@@ -111,7 +111,7 @@ def test_rarer_variables_read_checked_and_exported(tmp_path):
                                    "ACCELERATE_USE_PARALLELISM_CONFIG": "?"})
     text = str(info.value)
     for name in ("ACCELERATE_TORCH_DEVICE='gpu7' is not a torch device", "ACCELERATE_USE_MEGATRON_LM='sure'",
-                 "ACCELERATE_FP8_BACKEND='fp4' is not valid; choose one of AO, TE, MSAMP",
+                 "ACCELERATE_FP8_BACKEND='fp4' is not valid; choose from AO, TE, MSAMP",
                  "ACCELERATE_CPU_AFFINITY='2'", "ACCELERATE_USE_PARALLELISM_CONFIG='?'"):
         assert name in text
     with pytest.raises(ValueError, match="ACCELERATE_USE_MEGATRON_LM and ACCELERATE_USE_DEEPSPEED are both set"):

@@ -94,5 +94,5 @@ def test_unknown_dynamo_backend_is_refused_when_the_accelerator_is_built(how):
     kwargs = {"dynamo_backend": "nosuch"} if how == "dynamo_backend" else {
         "dynamo_plugin": TorchDynamoPlugin(backend="nosuch")}
     # refused at construction (not at prepare()), naming the value and the valid choices
-    with pytest.raises(ValueError, match=r"backend='nosuch'.*choose one of.*inductor"):
+    with pytest.raises(ValueError, match=r"backend='nosuch'.*choose from.*inductor"):
         Accelerator(**kwargs)

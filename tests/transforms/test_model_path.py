@@ -159,7 +159,7 @@ def test_dynamo_plugin_settings_are_checked_and_backends_given_twice_must_agree(
                                                                                      mode="fastest"))
     message = str(caught.value)
     assert "dynamo_backend='eager' and TorchDynamoPlugin(backend='inductor') disagree" in message
-    assert "TorchDynamoPlugin(mode='fastest') is not valid; choose one of default" in message
+    assert "TorchDynamoPlugin(mode='fastest') is not valid; choose from default" in message
     assert TorchDynamoPlugin(backend="INDUCTOR").to_kwargs() == {
         "backend": "inductor", "mode": "default", "fullgraph": False, "dynamic": None, "options": None,
         "disable": False}

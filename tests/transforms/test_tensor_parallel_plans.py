@@ -44,7 +44,7 @@ def test_user_plan_patterns_styles_and_errors():
         plan_from_patterns(make_model(), {"layers.*.norm1": "colwise", "nothing.*": "rowwise", "head": "sideways"})
     text = str(info.value)
     assert "layers.0.norm1 is a LayerNorm" in text and "['nothing.*'] match no module" in text
-    assert "'sideways' is not a style" in text
+    assert "= 'sideways' is not valid; choose from " in text
 
 
 transformers = pytest.importorskip("transformers")

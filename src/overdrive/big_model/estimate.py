@@ -17,6 +17,7 @@ from torch import nn
 
 from overdrive.big_model.init import init_empty_weights
 from overdrive.big_model.sizes import calculate_maximum_sizes
+from overdrive.config.choices import invalid_choice
 
 __all__ = ["DTYPES", "MemoryRow", "create_empty_model", "estimate_memory", "format_table", "convert_bytes"]
 
@@ -90,7 +91,7 @@ def estimate_memory(model: nn.Module, dtypes: tuple[str, ...] | list[str] = DTYP
     rows = []
     for dtype in dtypes:
         if dtype not in _DIVISOR:
-            raise ValueError(f"dtype {dtype!r} is not one of {list(_DIVISOR)}")
+            raise ValueError(invalid_choice(f"dtype {dtype!r}", dtype, _DIVISOR))
         divisor = _DIVISOR[dtype]
         # Accelerate's estimate: the peak of weights, gradients and the two fp32 Adam moments; fp32 training
         # peaks at the step (4x the weights), mixed precision at the optimizer states (2x); none for int

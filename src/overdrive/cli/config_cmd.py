@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from overdrive.cli import UsageError, add_flag
+from overdrive.config.choices import invalid_choice
 from overdrive.launchers import config_file as cf
 
 
@@ -129,7 +130,7 @@ class Asker:
                 return choices[int(answer)], None
             if answer in choices:
                 return answer, None
-            return answer, f"{answer!r} is not one of {', '.join(choices)}{cf.nearest(answer, choices)}"
+            return answer, invalid_choice(repr(answer), answer, choices)
         print(question)
         for index, choice in enumerate(choices):
             print(f"  {index}) {choice}")

@@ -255,7 +255,34 @@ def _device() -> tuple[str | None, int]:
 
 def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     """The plan for ``args`` (flags > config file > defaults), what each worker runs, and the one line
-    that says what will run. Raises ``UsageError`` listing every problem."""
+    that says what will run. Raises ``UsageError`` listing every problem.
+
+    Two passes: the first knows nothing of the devices and imports no torch (a mistyped value is refused in
+    a fraction of a second, not after torch's 2-10 s import); the second finds the devices and checks what
+    depends on them (the default process count, fp8 on this GPU)."""
+    _plan(args, device=None)
+    plan = _plan(args, device=_device())
+    assert plan is not None
+    return plan
+
+
+def _missing_packages(precision: Any, use_deepspeed: bool, config: dict[str, Any]) -> list[str]:
+    """Optional packages the launch needs and this environment lacks (found without importing them)."""
+    import importlib.util
+
+    problems = []
+    deepspeed = use_deepspeed or str(config.get("distributed_type") or "").upper() == "DEEPSPEED"
+    if deepspeed and importlib.util.find_spec("deepspeed") is None:
+        problems.append("DeepSpeed is not installed: pip install deepspeed (or overdrive[deepspeed])")
+    if precision == "fp8" and not any(importlib.util.find_spec(name) for name in ("torchao", "transformer_engine")):
+        problems.append("mixed_precision 'fp8' needs torchao (pip install torchao, or overdrive[fp8]) or "
+                        "Transformer Engine; neither is installed")
+    return problems
+
+
+def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
+          ) -> tuple[LaunchPlan, Command, str] | None:
+    """``plan_launch``'s pass: with ``device`` None, only the checks that need no torch (returns None)."""
     config, source = read_config(args)
     problems: list[str] = []
 
@@ -268,7 +295,7 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
             return Value(config[key], f"{source.path} ({key})")
         return Value(default, "default")
 
-    device_type, device_count = _device()
+    device_type, device_count = device or (None, 0)
     forced_cpu = bool(_given(args, "cpu")) or (
         not _given(args, "multi_gpu") and (config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
     cpu = forced_cpu or device_type is None
@@ -284,7 +311,9 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     interval = pick("monitor_interval", cf._float, 0.1)
     gpu_ids = pick("gpu_ids", cf._gpu_ids, "all")
     precision = pick("mixed_precision", cf._choice(cf.MIXED_PRECISION), "no")
-    if precision.value == "fp8":  # a missing package or GPU fails here once, not in every worker
+    if device is None:
+        problems += _missing_packages(precision.value, bool(_given(args, "use_deepspeed")), config)
+    elif precision.value == "fp8":  # a missing package or GPU fails here once, not in every worker
         from overdrive.precision.fp8 import fp8_unavailable
 
         backend = _given(args, "fp8_backend") or (config.get("fp8_config") or {}).get("backend")
@@ -299,13 +328,15 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
         problems.append(f"--timeout {timeout.value}: give a number of seconds above 0")
     dynamo = _dynamo_backend(args, config, source, problems)
 
-    if not problems:
+    if not problems and (device is not None or num_processes.source != "default"):
         _check_together(num_processes, num_machines, machine_rank, ip, port, interval, problems)
     plugin_config = _plugin_config(args, config, source, problems)
     extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
     command = _command(args, problems)
     if problems:
         raise UsageError(problems)
+    if device is None:
+        return None
 
     local = num_processes.value // num_machines.value
     visible = {}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from overdrive.cli import add_flag
+from overdrive.config.choices import invalid_choice
 from overdrive.launchers import config_file as cf
 
 #: Accelerate's choices for flags that take one
@@ -42,7 +43,7 @@ def _upper_choice(choices: tuple[str, ...]) -> cf.Checker:
         text = str(value).strip()
         if text.upper() in (c.upper() for c in choices):
             return text.upper(), None
-        return value, f"{label} {value!r} is not valid; choose one of {', '.join(choices)}"
+        return value, invalid_choice(f"{label} {value!r}", value, choices)
     return check
 
 

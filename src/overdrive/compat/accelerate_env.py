@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
 from overdrive.config.compile import DYNAMO_BACKENDS, DYNAMO_MODES
 
 _TRUE = ("1", "true", "yes", "y", "on", "t")
@@ -54,7 +55,7 @@ def _choice(*choices: str, lower: bool = True) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         value = raw.strip().lower() if lower else raw.strip().upper()
         if value not in choices:
-            raise ValueError(f"{name}={raw!r} is not valid; choose one of {', '.join(choices)}")
+            raise ValueError(invalid_choice(f"{name}={raw!r}", raw, choices))
         return value
 
     return parse

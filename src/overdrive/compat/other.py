@@ -18,12 +18,13 @@ from packaging.version import Version, parse
 from torch import nn
 
 from overdrive.compat.constants import STR_OPERATION_TO_FUNC
+from overdrive.config.choices import invalid_choice
 
 
 def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:
     """``library_or_version <operation> requirement_version``; a name is looked up as an installed package."""
     if operation not in STR_OPERATION_TO_FUNC:
-        raise ValueError(f"operation {operation!r} is not valid; choose one of {sorted(STR_OPERATION_TO_FUNC)}")
+        raise ValueError(invalid_choice(f"operation {operation!r}", operation, sorted(STR_OPERATION_TO_FUNC)))
     if isinstance(library_or_version, str):
         library_or_version = parse(importlib.metadata.version(library_or_version))
     return bool(STR_OPERATION_TO_FUNC[operation](library_or_version, parse(requirement_version)))
@@ -234,7 +235,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
         return False
     precision = str(mixed_precision).lower()
     if precision not in cf.MIXED_PRECISION:
-        raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose one of {cf.MIXED_PRECISION}")
+        raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision, cf.MIXED_PRECISION))
     count = torch.accelerator.device_count() if torch.accelerator.is_available() else 0
     accelerator = torch.accelerator.current_accelerator() if count else None
     kind = accelerator.type if accelerator is not None else "cpu"

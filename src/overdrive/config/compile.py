@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
 from overdrive.config.enums import _StrEnum
 
 
@@ -72,10 +73,9 @@ class TorchDynamoPlugin:
         """Every invalid setting, each naming the value and the valid choices."""
         found = []
         if self.backend_name not in DYNAMO_BACKENDS:
-            found.append(f"TorchDynamoPlugin(backend={self.backend!r}) is not valid; choose one of "
-                         f"{', '.join(DYNAMO_BACKENDS)}")
+            found.append(invalid_choice(f"TorchDynamoPlugin(backend={self.backend!r})", self.backend, DYNAMO_BACKENDS))
         if self.mode is not None and self.mode not in DYNAMO_MODES:
-            found.append(f"TorchDynamoPlugin(mode={self.mode!r}) is not valid; choose one of {', '.join(DYNAMO_MODES)}")
+            found.append(invalid_choice(f"TorchDynamoPlugin(mode={self.mode!r})", self.mode, DYNAMO_MODES))
         if self.options is not None and not isinstance(self.options, dict):
             found.append(f"TorchDynamoPlugin(options={self.options!r}) must be a dict of torch.compile options")
         return found

@@ -7,6 +7,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
 from overdrive.config.deepspeed_json import (
     AUTO,
     apply_fields,
@@ -101,7 +102,7 @@ class DeepSpeedPlugin:
         already enables the other half-precision type is refused."""
         valid = ("no", "fp16", "bf16", "fp8")
         if mixed_precision not in valid:
-            raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose one of {list(valid)}")
+            raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision, valid))
         if mixed_precision != "no":
             other = "bf16" if mixed_precision == "fp16" else "fp16"
             if str(self.get_value(f"{other}.enabled", False)).lower() == "true":

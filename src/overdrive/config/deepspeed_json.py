@@ -16,6 +16,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
+
 AUTO = "auto"
 _MISSING = object()
 
@@ -180,7 +182,7 @@ def plugin_problems(plugin: Any) -> list[str]:
         device = get_path(plugin.deepspeed_config, f"zero_optimization.offload_{kind}.device", "none")
         label = f"offload_{kind}_device={device!r}"
         if str(device).lower() not in OFFLOAD_DEVICES:
-            found.append(f"{label} is not valid; choose one of {list(OFFLOAD_DEVICES)}")
+            found.append(invalid_choice(label, device, OFFLOAD_DEVICES))
             continue
         if str(device).lower() == "nvme" and not get_path(plugin.deepspeed_config,
                                                           f"zero_optimization.offload_{kind}.nvme_path"):

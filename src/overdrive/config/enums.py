@@ -6,6 +6,8 @@ import enum
 from dataclasses import fields
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
+
 
 class _StrEnum(str, enum.Enum):
     """A string enum as Accelerate's (``str()`` is the value; ``list()`` the values)."""
@@ -83,8 +85,7 @@ def enum_choice(enum_cls: type[enum.Enum], value: Any, name: str) -> Any:
     try:
         return enum_cls(value.value if isinstance(value, enum.Enum) else value)
     except ValueError:
-        valid = ", ".join(repr(m.value) for m in enum_cls)
-        raise ValueError(f"{name}={value!r} is not valid; choose one of {valid}") from None
+        raise ValueError(invalid_choice(f"{name}={value!r}", value, [m.value for m in enum_cls])) from None
 
 
 def field_names(cls: type) -> list[str]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from overdrive.config.choices import invalid_choice
 from overdrive.config.kwargs import KwargsHandler
 
 #: torchao's float8 training recipes by name (``Float8LinearConfig.from_recipe_name``)
@@ -64,10 +65,10 @@ class TERecipeKwargs(KwargsHandler):
         self.fp8_format = str(self.fp8_format).upper()
         self.amax_compute_algo = str(self.amax_compute_algo).lower()
         if self.fp8_format not in TE_FP8_FORMATS:
-            raise ValueError(f"fp8_format={self.fp8_format!r} is not valid; choose one of {TE_FP8_FORMATS}")
+            raise ValueError(invalid_choice(f"fp8_format={self.fp8_format!r}", self.fp8_format, TE_FP8_FORMATS))
         if self.amax_compute_algo not in TE_AMAX_ALGORITHMS:
-            raise ValueError(f"amax_compute_algo={self.amax_compute_algo!r} is not valid; choose one of "
-                             f"{TE_AMAX_ALGORITHMS}")
+            raise ValueError(invalid_choice(f"amax_compute_algo={self.amax_compute_algo!r}", self.amax_compute_algo,
+                                            TE_AMAX_ALGORITHMS))
         # three flags (fprop, dgrad, wgrad), as given
         self.override_linear_precision = cast("tuple[bool, bool, bool]",
                                               tuple(bool(v) for v in self.override_linear_precision))

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
+
 #: Accelerate's ``fsdp_config`` keys (YAML / launcher) -> FullyShardedDataParallelPlugin fields.
 FSDP_CONFIG_KEYS = {
     "fsdp_version": "fsdp_version",
@@ -103,21 +105,21 @@ class FullyShardedDataParallelPlugin:
         if self.fsdp_version not in (None, 1, 2, "1", "2"):
             found.append(f"fsdp_version={self.fsdp_version!r} is not valid; choose 1 or 2 (both run on FSDP2)")
         if self.sharding_strategy is not None and _sharding_name(self.sharding_strategy) not in _SHARDING_STRATEGIES:
-            found.append(f"sharding_strategy={self.sharding_strategy!r} is not valid; choose one of "
-                         f"{sorted(_SHARDING_STRATEGIES)} (NO_SHARD is plain DDP: leave fsdp_plugin out)")
+            found.append(invalid_choice(f"sharding_strategy={self.sharding_strategy!r}", self.sharding_strategy,
+                                        sorted(_SHARDING_STRATEGIES)) + " (NO_SHARD is plain DDP: leave fsdp_plugin out)")
         rsf = self.reshard_after_forward
         if isinstance(rsf, str) and _sharding_name(rsf) not in _SHARDING_STRATEGIES and rsf.lower() not in (
                 "true", "false"):
             found.append(f"reshard_after_forward={rsf!r} is not valid; give True, False or an int")
         policy = self.auto_wrap_policy
         if isinstance(policy, str) and policy.lower() not in _WRAP_POLICIES:
-            found.append(f"auto_wrap_policy={policy!r} is not valid; choose one of {list(_WRAP_POLICIES)} "
-                         "or give a callable policy(name, module) -> bool")
+            found.append(invalid_choice(f"auto_wrap_policy={policy!r}", policy, _WRAP_POLICIES)
+                         + "; or give a callable policy(name, module) -> bool")
         elif policy is not None and not isinstance(policy, str) and not callable(policy):
             found.append(f"auto_wrap_policy={policy!r} is neither a policy name nor a callable")
         if _state_dict_name(self.state_dict_type) not in _STATE_DICT_TYPES:
-            found.append(f"state_dict_type={self.state_dict_type!r} is not valid; choose one of "
-                         f"{list(_STATE_DICT_TYPES)}")
+            found.append(invalid_choice(f"state_dict_type={self.state_dict_type!r}", self.state_dict_type,
+                                        _STATE_DICT_TYPES))
         if self.min_num_params is not None and (not str(self.min_num_params).isdigit()):
             found.append(f"min_num_params={self.min_num_params!r} must be a non-negative integer")
         return found
@@ -157,8 +159,8 @@ class FullyShardedDataParallelPlugin:
         names = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
         dtype = names.get(mixed_precision) if isinstance(mixed_precision, str) else mixed_precision
         if dtype not in names.values():
-            raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose one of {list(names)} or "
-                             f"one of {sorted({str(d) for d in names.values()})}")
+            raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision,
+                                            [*names, *sorted({str(d) for d in names.values()})]))
         if override or self.mixed_precision_policy is None:
             self.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
 

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
+
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WEIGHT_DECAY_STYLES = ("constant", "linear", "cosine")
 
@@ -38,10 +40,10 @@ def plugin_problems(plugin: Any, world_size: int | None = None) -> list[str]:
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
         found.append(f"gradient_clipping={clip!r} is not valid; give a number >= 0")
     if plugin.lr_decay_style not in LR_DECAY_STYLES:
-        found.append(f"lr_decay_style={plugin.lr_decay_style!r} is not valid; choose one of {list(LR_DECAY_STYLES)}")
+        found.append(invalid_choice(f"lr_decay_style={plugin.lr_decay_style!r}", plugin.lr_decay_style, LR_DECAY_STYLES))
     if plugin.weight_decay_incr_style not in WEIGHT_DECAY_STYLES:
-        found.append(f"weight_decay_incr_style={plugin.weight_decay_incr_style!r} is not valid; choose one of "
-                     f"{list(WEIGHT_DECAY_STYLES)}")
+        found.append(invalid_choice(f"weight_decay_incr_style={plugin.weight_decay_incr_style!r}",
+                                    plugin.weight_decay_incr_style, WEIGHT_DECAY_STYLES))
     for name in ("custom_model_provider_function", "custom_prepare_model_function", "custom_get_batch_function",
                  "custom_loss_function", "custom_megatron_datasets_provider_function"):
         value = getattr(plugin, name)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
+
 SINGLE = ("GPipe", "1F1B")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -30,7 +32,7 @@ def schedule_problems(schedule: Any, num_microbatches: Any, stages_per_rank: Any
     """Every problem with the schedule settings, each naming the value and what to give instead."""
     name = schedule_name(schedule)
     if name is None:
-        return [f"schedule={schedule!r} is not a pipeline schedule; choose one of {list(SCHEDULES)}"]
+        return [invalid_choice(f"schedule={schedule!r}", schedule, SCHEDULES)]
     problems = []
     spr = default_stages_per_rank(name) if stages_per_rank is None else stages_per_rank
     if not isinstance(spr, int) or isinstance(spr, bool) or spr < 1:
@@ -93,7 +95,7 @@ class PipelineConfig:
         """Every invalid field for ``pp_size`` pipeline ranks, each naming the value and the valid choices."""
         found = schedule_problems(self.schedule, self.num_microbatches, self.stages_per_rank, pp_size)
         if self.balance not in BALANCE_CHOICES:
-            found.append(f"balance={self.balance!r} is not valid; choose one of {list(BALANCE_CHOICES)}")
+            found.append(invalid_choice(f"balance={self.balance!r}", self.balance, BALANCE_CHOICES))
         if self.loss_fn is not None and not callable(self.loss_fn):
             found.append(f"loss_fn={self.loss_fn!r} is not callable; give loss_fn(logits, labels) -> loss")
         if self.split_points is not None and (isinstance(self.split_points, str) or not all(

@@ -13,7 +13,6 @@ none of those exists, Accelerate's own default file is read (``$HF_HOME/accelera
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 # the one list of backend names (and modes); re-exported here for the CLI, which checks flags against them
+from overdrive.config.choices import invalid_choice, nearest
 from overdrive.config.compile import DYNAMO_BACKENDS, DYNAMO_MODES
 
 CONFIG_FILE_VAR = "OVERDRIVE_CONFIG_FILE"
@@ -48,13 +48,6 @@ class ConfigError(ValueError):
             super().__init__(f"{where}: {problems[0]}")
         else:
             super().__init__(f"{where} has {len(problems)} problems:\n  - " + "\n  - ".join(problems))
-
-
-def nearest(value: str, choices: list[str] | tuple[str, ...], cutoff: float = 0.5) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or nothing when none is close."""
-    lowered = {str(c).lower(): str(c) for c in choices}
-    match = difflib.get_close_matches(str(value).lower(), list(lowered), n=1, cutoff=cutoff)
-    return f" (did you mean {lowered[match[0]]!r}?)" if match else ""
 
 
 # -- the schema: one checker per key ---------------------------------------------------------------------
@@ -101,7 +94,7 @@ def _choice(choices: tuple[str, ...], upper: bool = False) -> Checker:
         text = text.upper() if upper else text.lower()
         if text in choices:
             return text, None
-        return value, f"{key}: {value!r} is not valid; choose from {', '.join(choices)}{nearest(str(value), choices)}"
+        return value, invalid_choice(f"{key}: {value!r}", value, choices)
     return check
 
 

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from overdrive.config.choices import invalid_choice
 from overdrive.launchers.config_file import MIXED_PRECISION, RDZV_BACKENDS
 from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, encode_launch_config
 from overdrive.launchers.torchrun import (
@@ -119,9 +120,9 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
     import torch
 
     if str(mixed_precision).lower() not in MIXED_PRECISION:
-        raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose from {', '.join(MIXED_PRECISION)}")
+        raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision, MIXED_PRECISION))
     if rdzv_backend not in RDZV_BACKENDS:
-        raise ValueError(f"rdzv_backend={rdzv_backend!r} is not valid; choose from {', '.join(RDZV_BACKENDS)}")
+        raise ValueError(invalid_choice(f"rdzv_backend={rdzv_backend!r}", rdzv_backend, RDZV_BACKENDS))
     cpu = not torch.accelerator.is_available()
     if num_processes is None:
         num_processes = 1 if cpu else torch.accelerator.device_count()

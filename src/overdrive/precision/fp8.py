@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from overdrive.config import AO_RECIPE_NAMES, AORecipeKwargs, TERecipeKwargs
+from overdrive.config.choices import invalid_choice
 
 FP8_BACKENDS = ("AO", "TE")
 Fp8Recipe = AORecipeKwargs | TERecipeKwargs
@@ -53,7 +54,7 @@ def fp8_unavailable(backend: str | None, device_type: str | None, device_index: 
         return (f"mixed_precision='fp8' needs torchao ({_PACKAGES['AO'][1]}) or Transformer Engine "
                 f"({_PACKAGES['TE'][1]}); neither is installed")
     if backend not in FP8_BACKENDS:
-        return f"fp8 backend {backend!r} is not supported; choose one of {FP8_BACKENDS} (AO: torchao, TE: Transformer Engine)"
+        return invalid_choice(f"fp8 backend {backend!r}", backend, FP8_BACKENDS) + " (AO: torchao, TE: Transformer Engine)"
     package, how = _PACKAGES[backend]
     if not installed(package):
         return f"fp8 with backend {backend} needs {package}, which is not installed ({how})"
@@ -135,8 +136,8 @@ def _fill_ao_defaults(recipe: AORecipeKwargs, shards_parameters: bool, errors: l
         return recipe
     name = (config or "tensorwise").lower()
     if name not in AO_RECIPE_NAMES:
-        errors.append(f"AORecipeKwargs(config={config!r}) is not a torchao recipe; choose one of {AO_RECIPE_NAMES} "
-                      "or give a torchao.float8.Float8LinearConfig")
+        errors.append(invalid_choice(f"AORecipeKwargs(config={config!r})", config, AO_RECIPE_NAMES)
+                      + "; or give a torchao.float8.Float8LinearConfig")
         return recipe
     all_gather = recipe.enable_fsdp_float8_all_gather
     if all_gather and name != "tensorwise":

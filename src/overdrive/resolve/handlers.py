@@ -39,7 +39,7 @@ def split_kwargs_handlers(handlers: list[Any] | None) -> dict[str, Any]:
         slot = slots.get(type(handler))
         if slot is None:
             valid = ", ".join(cls.__name__ for cls in slots)
-            raise ValueError(f"kwargs_handlers got {handler!r}, which is not one of: {valid}")
+            raise ValueError(f"kwargs_handlers got {handler!r}, which is not valid; choose from {valid}")
         if slot == "fp8" and slot in found:
             raise ValueError(f"kwargs_handlers has two fp8 recipes ({type(found[slot]).__name__} and "
                              f"{type(handler).__name__}); give one")

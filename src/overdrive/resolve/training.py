@@ -23,6 +23,7 @@ from overdrive.config import (
     TorchDynamoPlugin,
     TorchTensorParallelPlugin,
 )
+from overdrive.config.choices import invalid_choice
 from overdrive.launchers.protocol import launch_config
 from overdrive.precision import PrecisionPolicy, precision_policy
 from overdrive.resolve.parallelism import (
@@ -193,7 +194,7 @@ def _resolve_rng_types(rng_types: list[str | RNGType] | None, errors: list[str])
     rng = tuple(str(getattr(r, "value", r)) for r in (rng_types or ["generator"]))
     bad_rng = [r for r in rng if r not in valid_rng]
     if bad_rng:
-        errors.append(f"rng_types={bad_rng!r} are not valid; choose from {sorted(valid_rng)}")
+        errors.append(invalid_choice(f"rng_types={bad_rng!r}", bad_rng[0], sorted(valid_rng)))
     return rng
 
 

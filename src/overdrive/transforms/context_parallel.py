@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from overdrive.config.choices import invalid_choice
+
 COMM_STRATEGIES = ("allgather", "alltoall")
 
 
@@ -31,7 +33,7 @@ def context_parallel_problem(cp_size: int, device: torch.device, comm_strategy: 
         return (f"cp_size={cp_size} asks for context parallelism, which needs CUDA: torch has no sharding rule "
                 "for scaled_dot_product_attention on the CPU; run on GPUs or use cp_size=1")
     if comm_strategy not in COMM_STRATEGIES:
-        return f"cp_comm_strategy={comm_strategy!r} is not valid; choose one of {list(COMM_STRATEGIES)}"
+        return invalid_choice(f"cp_comm_strategy={comm_strategy!r}", comm_strategy, COMM_STRATEGIES)
     return None
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from overdrive.config import FullyShardedDataParallelPlugin
+from overdrive.config.choices import invalid_choice
 from overdrive.precision import PrecisionPolicy
 from overdrive.runtime import group
 
@@ -66,7 +67,7 @@ def _dtype(value: Any) -> torch.dtype | None:
         return value
     key = str(value).lower().replace("torch.", "")
     if key not in _DTYPES:
-        raise ValueError(f"dtype {value!r} is not valid; choose one of {sorted(k for k in _DTYPES if k != 'none')}")
+        raise ValueError(invalid_choice(f"dtype {value!r}", value, sorted(k for k in _DTYPES if k != "none")))
     return _DTYPES[key]
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from overdrive.config.choices import invalid_choice
 from overdrive.transforms.blocks import find_blocks
 
 logger = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ def _pattern(text: str) -> re.Pattern:
 def plan_from_patterns(model: nn.Module, patterns: dict[str, str], sequence_parallel: bool = False,
                        tp_size: int = 1) -> TensorParallelPlan:
     """The plan for a user's ``{module-name pattern: style}``; every pattern must match a module."""
-    problems = [f"tp_plan[{k!r}] = {v!r} is not a style; choose one of {list(STYLES)}"
+    problems = [invalid_choice(f"tp_plan[{k!r}] = {v!r}", v, STYLES)
                 for k, v in patterns.items() if v not in STYLES]
     compiled = [(text, _pattern(text), style) for text, style in patterns.items()]
     used: set[str] = set()

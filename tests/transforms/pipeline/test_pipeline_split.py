@@ -143,7 +143,7 @@ def test_tied_embeddings_are_found_and_named_on_both_stages():
 
 def test_schedule_settings_are_checked_each_naming_the_fix():
     assert schedule_problems("1f1b", 4, None, 2) == []
-    assert "choose one of" in schedule_problems("Bogus", 4, None, 2)[0]
+    assert "choose from" in schedule_problems("Bogus", 4, None, 2)[0]
     assert "one stage per rank" in schedule_problems("GPipe", 4, 2, 2)[0]
     assert "exactly 2 stages" in schedule_problems("ZBVZeroBubble", 4, 3, 2)[0]
     assert "at least as many micro-batches as stages (4)" in schedule_problems("DualPipeV", 2, 2, 2)[0]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from overdrive.config.choices import invalid_choice
 from overdrive.config.pipeline import BALANCE_CHOICES
 from overdrive.transforms.blocks import BLOCK_LIST_NAMES, find_block_list, is_block_list, num_parameters
 
@@ -132,7 +133,7 @@ def plan_stages(model: nn.Module, num_stages: int, split_points: Sequence[str] |
     elif balance == "layers":
         bounds = even_bounds(len(names), num_stages)
     else:
-        raise SplitError(f"balance={balance!r} is not valid; choose one of {list(BALANCE_CHOICES)}")
+        raise SplitError(invalid_choice(f"balance={balance!r}", balance, BALANCE_CHOICES))
     return StageLayout(path, names, tuple(bounds), tuple(before), tuple(after))
 
 

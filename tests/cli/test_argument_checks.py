@@ -1,0 +1,81 @@
+"""Arguments are checked before torch is imported, missing optional packages are refused before any worker
+starts, and a value outside the choices gets one message format everywhere with a hint that matches intent.
+(How fast a refusal is: bench/arg_check_time.py, a figure, not a timed test.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from overdrive import Accelerator, notebook_launcher
+from overdrive.launchers import config_file as cf
+from test_cli import clean_env
+
+# runs `overdrive ARGS` in-process and says afterwards whether torch was imported
+_PROBE = ("import sys; from overdrive.cli import main; code = main(sys.argv[1:]); "
+          "print('TORCH', 'torch' in sys.modules); sys.exit(code)")
+# the same with a package made unimportable, as in an environment without it (None in sys.modules is Python's
+# own mark for a module that cannot be imported: find_spec answers None, import raises ImportError)
+_WITHOUT = ("import sys; sys.modules[sys.argv[1]] = None; from overdrive.cli import main; code = main(sys.argv[2:]); "
+            "print('TORCH', 'torch' in sys.modules); sys.exit(code)")
+
+
+def _launch(tmp_path, *args, without: str | None = None) -> subprocess.CompletedProcess:
+    (tmp_path / "train.py").write_text("print('WORKER STARTED')\n")
+    command = [sys.executable, "-c", _PROBE] if without is None else [sys.executable, "-c", _WITHOUT, without]
+    return subprocess.run([*command, "launch", *args, "train.py"], cwd=tmp_path, env=clean_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num_processes", "0"], "--num_processes: 0 must be 1 or more"),
+    (["--mixed_precision", "fp32"], "--mixed_precision: 'fp32' is not valid; choose from no, fp16, bf16, fp8 "
+                                     "(did you mean 'no'?)"),
+    (["--use_deepspeed", "--zero_stage", "5"], "zero_stage=5 is not valid"),
+    (["--num_machines", "2", "--num_processes", "2"], "needs --main_process_ip"),
+])
+def test_a_bad_value_is_refused_before_torch_is_imported(tmp_path, args, message):
+    result = _launch(tmp_path, *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "TORCH False" in result.stdout
+
+
+@pytest.mark.parametrize("package, args, message", [
+    ("deepspeed", ["--use_deepspeed", "--num_processes", "2"], "DeepSpeed is not installed: pip install deepspeed"),
+    ("torchao", ["--mixed_precision", "fp8", "--num_processes", "2"], "mixed_precision 'fp8' needs torchao"),
+])
+def test_a_missing_optional_package_is_refused_before_any_worker_starts(tmp_path, package, args, message):
+    result = _launch(tmp_path, *args, without=package)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "WORKER STARTED" not in result.stdout and "starting" not in result.stderr
+    assert "TORCH False" in result.stdout
+
+
+def test_one_format_and_the_intended_hint_everywhere(tmp_path):
+    expected = "'fp32' is not valid; choose from no, fp16, bf16, fp8 (did you mean 'no'?)"
+    with pytest.raises(ValueError) as python_api:
+        Accelerator(mixed_precision="fp32")
+    with pytest.raises(ValueError) as notebook:
+        notebook_launcher(print, num_processes=2, mixed_precision="fp32")
+    path = tmp_path / "c.yaml"
+    path.write_text("mixed_precision: fp32\n")
+    with pytest.raises(cf.ConfigError) as config_file:
+        cf.load_config(path)
+    for error in (python_api, notebook, config_file):
+        assert expected in str(error.value), str(error.value)
+    assert "(did you mean 'bf16'?)" in cf._choice(cf.MIXED_PRECISION)("--mixed_precision", "bfloat16")[1]
+    assert "(did you mean 'fp8'?)" in cf._choice(cf.MIXED_PRECISION)("--mixed_precision", "fp9")[1]  # spelling
+
+
+def test_no_message_in_the_package_uses_another_format_for_choices():
+    from pathlib import Path
+
+    import overdrive
+
+    root = Path(overdrive.__file__).parent
+    old = [f"{path.relative_to(root)}:{number}" for path in root.rglob("*.py")
+           for number, line in enumerate(path.read_text().splitlines(), 1)
+           if "choose one of" in line or "is not one of" in line]
+    assert old == [], "use overdrive.config.choices.invalid_choice: " + ", ".join(old)
