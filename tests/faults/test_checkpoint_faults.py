@@ -197,3 +197,47 @@ def test_the_same_optimizer_prepared_twice_is_registered_once(tmp_path):
     folder = Path(accelerator.save_state(tmp_path / "ckpt"))
     assert json.loads((folder / "manifest.json").read_text())["contents"]["optimizers"] == 1
     accelerator.load_state(folder)
+
+
+def _run_crash_publish(tmp_path: Path, folder: Path, value: float, *mode: str, **env: str) -> int:
+    script = SCRIPTS / "crash_publish.py"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
+                                                                        "TORCHELASTIC", "GROUP_RANK"))}
+    result = subprocess.run([sys.executable, str(script), str(folder), str(value), *mode],
+                            env={**clean, "TMPDIR": str(tmp_path), **env}, capture_output=True, text=True,
+                            timeout=120)
+    return result.returncode
+
+
+@pytest.mark.timeout(300)
+def test_leftovers_of_a_save_that_crashed_between_its_renames_are_cleaned_by_the_next(tmp_path):
+    folder = tmp_path / "ck"
+    assert _run_crash_publish(tmp_path, folder, 1.0) == 0
+    assert _run_crash_publish(tmp_path, folder, 2.0, "crash") == 9
+    # the crash: the old checkpoint aside, the new one complete but unpublished, nothing under the name
+    left = sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.iterdir() if p.name.startswith(".ck."))
+    assert not folder.exists() and {".ck.old", ".ck.tmp"} <= set(left), left
+    assert _run_crash_publish(tmp_path, folder, 3.0) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".ck", "ck"))) == ["ck"]
+    accelerator = Accelerator()
+    model = accelerator.prepare(torch.nn.Linear(4, 2))
+    accelerator.load_state(folder)  # the new checkpoint, complete
+    assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in accelerator.unwrap_model(model).parameters())
+
+
+def test_a_leftover_of_another_machine_is_stale_once_its_job_restarted(tmp_path, monkeypatch):
+    leftover = tmp_path / ".ck.tmp-abcd"
+    leftover.mkdir()
+    owner = {"token": "abcd", "host": "another-machine", "pid": 1, "run_id": "job7", "attempt": 0}
+    (tmp_path / ".ck.pub-abcd").write_text(json.dumps(owner))  # it crashed between its renames, elsewhere
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "job7"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # the same attempt: that process may be running
+    assert not naming.is_stale(leftover) and not naming.is_stale(tmp_path / ".ck.pub-abcd")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job8")  # another job: unknown, recently changed
+    assert not naming.is_stale(leftover)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a later attempt: every earlier process has ended
+    assert naming.is_stale(leftover) and naming.is_stale(tmp_path / ".ck.pub-abcd")
+    assert sorted(p.name for p in naming.clean_temporaries(tmp_path, "ffff", "ck")) == [".ck.pub-abcd",
+                                                                                       ".ck.tmp-abcd"]

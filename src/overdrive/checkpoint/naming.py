@@ -23,7 +23,7 @@ from overdrive.config import ProjectConfiguration
 
 PREFIX = "checkpoint_"
 _NUMBERED = re.compile(rf"^{PREFIX}(\d+)$")
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old|del)-(?P<token>[0-9a-f]+)$")
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old|del|pub)-(?P<token>[0-9a-f]+)$")
 #: The file in a save's temporary folder that says which process owns it (removed just before publishing).
 OWNER_FILE = ".owner.json"
 #: A temporary folder without a live owner on this machine is only deleted once nothing in it changed for
@@ -110,11 +110,30 @@ def temporary_path(target: Path, token: str) -> Path:
     return target.parent / f".{target.name}.tmp-{token}"
 
 
+def _owner(token: str) -> dict[str, object]:
+    """This process as the owner of a save: host, pid, and the job's run id and restart attempt (a later
+    attempt of the same job proves that every process of an earlier one has ended, on any machine)."""
+    from overdrive.runtime.cluster import detect_process_info
+
+    try:
+        info = detect_process_info()
+        run_id, attempt = info.run_id, info.restart_count
+    except ValueError:  # malformed variables: the job is refused elsewhere; no claim on other machines
+        run_id, attempt = "", 0
+    return {"token": token, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+            "run_id": run_id, "attempt": attempt}
+
+
 def claim(temporary: Path, token: str) -> None:
-    """Create ``temporary`` with an owner file naming this process (host, pid, token)."""
+    """Create ``temporary`` with an owner file naming this process (host, pid, token, job attempt)."""
     temporary.mkdir(parents=True, exist_ok=True)
-    owner = {"token": token, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    (temporary / OWNER_FILE).write_text(json.dumps(owner))
+    (temporary / OWNER_FILE).write_text(json.dumps(_owner(token)))
+
+
+def publishing_record(target: Path, token: str) -> Path:
+    """The file beside ``target`` naming the process that is renaming folders for the save ``token``: while
+    it exists, ``.<name>.old-<token>`` and ``.<name>.tmp-<token>`` belong to that process (or to a crash)."""
+    return target.parent / f".{target.name}.pub-{token}"
 
 
 def release(temporary: Path) -> None:
@@ -146,16 +165,47 @@ def _newest_change(folder: Path) -> float:
     return max(times)
 
 
+def _read_owner(entry: Path) -> dict | None:
+    """The owner of a leftover: its own owner file, else the publishing record of its token."""
+    match = _TEMPORARY.match(entry.name)
+    records = [entry] if match and match["kind"] == "pub" else [entry / OWNER_FILE]
+    if match:
+        records.append(entry.parent / f".{match['name']}.pub-{match['token']}")
+    for record in records:
+        try:
+            owner = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(owner, dict):
+            return owner
+    return None
+
+
+def owner_ended(owner: dict) -> bool | None:
+    """Whether the owner process has ended: on this machine its pid tells; on any machine, a later attempt
+    of the same job (torchelastic restarts the whole group) proves it. None when it cannot be told."""
+    if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int):
+        return not _pid_alive(owner["pid"])
+    if owner.get("run_id"):
+        from overdrive.runtime.cluster import detect_process_info
+
+        try:
+            info = detect_process_info()
+        except ValueError:
+            return None
+        if info.run_id == owner["run_id"] and isinstance(owner.get("attempt"), int):
+            return True if owner["attempt"] < info.restart_count else None
+    return None
+
+
 def is_stale(entry: Path, now: float | None = None) -> bool:
-    """Whether the temporary folder ``entry`` provably belongs to no running save: its owner ran on this
-    machine and has ended, or nothing in it changed for ``STALE_AFTER_S`` (owner elsewhere or unknown)."""
+    """Whether the leftover ``entry`` provably belongs to no running save: its owner (see
+    :func:`owner_ended`) has ended, or, owner unknown, nothing in it changed for ``STALE_AFTER_S``."""
     now = time.time() if now is None else now
-    try:
-        owner = json.loads((entry / OWNER_FILE).read_text())
-        if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int):
-            return not _pid_alive(owner["pid"])
-    except (OSError, ValueError, AttributeError):
-        pass
+    owner = _read_owner(entry)
+    ended = owner_ended(owner) if owner is not None else None
+    if ended is not None:
+        return ended
     try:
         return now - _newest_change(entry) > STALE_AFTER_S
     except OSError:
@@ -167,22 +217,28 @@ def clean_temporaries(parent: Path, keep_token: str, name: str | None = None) ->
     never those of the save ``keep_token``, nor any that another save may still be writing (see
     :func:`is_stale`), so jobs saving into sibling folders of one parent leave each other alone.
 
-    An ``.old`` copy is kept when its checkpoint is missing: it is then the only copy left (else it goes:
-    the checkpoint that replaced it is in place). ``.del`` folders (checkpoints that ``total_limit`` was
-    deleting) always go.
+    An ``.old`` copy is kept when its checkpoint is missing: it is then the only copy left (else it goes
+    once its save is over: the checkpoint that replaced it is in place). ``.del`` folders (checkpoints that
+    ``total_limit`` was deleting) always go; a publishing record (``.pub``) goes with its owner.
     """
     removed: list[Path] = []
     if not parent.is_dir():
         return removed
-    for entry in parent.iterdir():
+    # publishing records last: the folders of their token are judged by them
+    for entry in sorted(parent.iterdir(), key=lambda p: p.name.rsplit("-", 1)[0].endswith(".pub")):
         match = _TEMPORARY.match(entry.name)
         if not match or match["token"] == keep_token or (name is not None and match["name"] != name):
             continue
         if match["kind"] == "old" and not (parent / match["name"]).exists():
             continue
-        if match["kind"] == "tmp" and not is_stale(entry):
+        if match["kind"] in ("tmp", "pub") and not is_stale(entry):
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        if match["kind"] == "old" and _read_owner(entry) is not None and not is_stale(entry):
+            continue  # a live save between its two renames
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
         removed.append(entry)
     return removed
 
@@ -194,6 +250,8 @@ def publish(temporary: Path, target: Path, token: str) -> None:
     (under its name or beside it, see :func:`explain_missing`); it is deleted once the new one is in.
     """
     aside = target.parent / f".{target.name}.old-{token}"
+    record = publishing_record(target, token)
+    record.write_text(json.dumps(_owner(token)))  # who owns the two folders until the renames are done
     if target.exists():
         os.replace(target, aside)
     try:
@@ -205,6 +263,10 @@ def publish(temporary: Path, target: Path, token: str) -> None:
     fsync_dir(target.parent)
     if aside.exists():
         shutil.rmtree(aside, ignore_errors=True)
+    record.unlink(missing_ok=True)
+    # leftovers of an earlier save of this name that crashed between its renames: now that a complete
+    # checkpoint has the name again, its old copy and its unpublished one can go once their owner has ended
+    clean_temporaries(target.parent, token, target.name)
 
 
 def prune(root: Path, total_limit: int | None, keep: Path) -> list[Path]:

@@ -24,6 +24,7 @@ class ProcessInfo:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     restart_count: int = 0
+    run_id: str = ""  # the launcher's id of the job (torchrun's TORCHELASTIC_RUN_ID), "" when unknown
     # torchrun's agent already hosts the TCPStore at MASTER_ADDR:MASTER_PORT; otherwise rank 0 hosts it.
     agent_store: bool = False
     source: str = "single process"
@@ -58,6 +59,7 @@ def from_torchrun(env: Mapping[str, str]) -> ProcessInfo | None:
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=_int(env, "MASTER_PORT", 29500),
         restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+        run_id=env.get("TORCHELASTIC_RUN_ID", ""),
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         source="torchelastic" if "TORCHELASTIC_RUN_ID" in env else "environment (RANK/WORLD_SIZE)",
     )
