@@ -18,10 +18,7 @@ from accelerate_usage_scan import LIBRARIES, compare, scan, scan_source, walk_al
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 INSTALLED = [name for name in LIBRARIES if importlib.util.find_spec(name) is not None]
 #: gaps another change fixes (helper "misc", branch bullets, issue 21): removed from here when it lands
-FIXED_ELSEWHERE = {
-    "accelerate.commands.launch", "accelerate.PartialState._shared_state", "accelerate.state.PartialState._shared_state",
-    "accelerate.utils.dataclasses.get_module_class_from_name", "accelerate.utils.fsdp_utils.get_parameters_from_modules",
-}
+FIXED_ELSEWHERE: set[str] = set()
 
 
 def chain_text(chain: list[list[str]]) -> str:

@@ -143,3 +143,26 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
             torch.save(weights, out / "pytorch_model.bin")
     if remove_checkpoint_dir:
         shutil.rmtree(source)
+
+
+def get_module_class_from_name(module: nn.Module, name: str) -> type | None:
+    """The class called ``name`` among ``module`` and its submodules (depth first), or None (PEFT resolves
+    FSDP wrap classes by name with it)."""
+    for sub in module.modules():
+        if type(sub).__name__ == name:
+            return type(sub)
+    return None
+
+
+def get_parameters_from_modules(modules: Any, model: nn.Module, device: Any) -> set[nn.Parameter]:
+    """The parameters of ``modules``: modules, or a regular expression matched against ``model``'s submodule
+    names (those are moved to ``device`` first, as Accelerate does). None gives an empty set (TRL reads the
+    FSDP plugin's ``ignored_modules`` with it)."""
+    import re
+
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        modules = [sub.to(device) for name, sub in model.named_modules() if pattern.fullmatch(name)]
+    return {param for sub in modules for param in sub.parameters()}

@@ -22,9 +22,7 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
     # launch helpers of Accelerate's own launcher
     "PrepareForLaunch": ("class", *_LAUNCH),
     "prepare_deepspeed_cmd_env": ("function", *_LAUNCH),
-    "prepare_multi_gpu_env": ("function", *_LAUNCH),
     "prepare_sagemager_args_inputs": ("function", "SageMaker launches are not supported", _LAUNCH[1]),
-    "prepare_simple_launcher_cmd_env": ("function", *_LAUNCH),
     "prepare_tpu": ("function", "TPUs (torch_xla) are not supported", "train on CPU or GPU processes"),
     "install_xla": ("function", "TPUs (torch_xla) are not supported", "train on CPU or GPU processes"),
     # Megatron-LM training-loop objects

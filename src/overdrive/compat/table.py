@@ -22,7 +22,8 @@ _THIN = ("data_loader", "checkpointing", "parallelism_config", "utils.dataclasse
          "utils.imports", "utils.constants", "utils.deepspeed", "utils.fsdp_utils", "utils.other", "utils.versions",
          "utils.environment", "utils.launch", "utils.megatron_lm", "utils.transformer_engine", "utils.ao",
          "utils.bnb", "utils.torch_xla", "commands", "commands.config", "commands.config.config_args",
-         "commands.config.default", "test_utils", "test_utils.testing", "test_utils.training")
+         "commands.config.default", "commands.launch", "commands.env", "commands.test", "commands.estimate",
+         "commands.to_fsdp2", "commands.tpu", "test_utils", "test_utils.testing", "test_utils.training")
 #: modules overdrive has in its own layout at Accelerate's path
 _OWN = ("accelerator", "state", "logging", "tracking", "optimizer", "scheduler", "launchers", "local_sgd",
         "utils", "utils.memory", "utils.random")
@@ -38,11 +39,7 @@ ABSENT_MODULES: dict[str, str] = {
     "accelerate.utils.rich": "Accelerate's rich traceback installer; overdrive leaves tracebacks to the user",
     "accelerate.memory_utils": "deprecated in Accelerate (use accelerate.utils.memory)",
     "accelerate.commands.accelerate_cli": "the command line is 'overdrive' (overdrive.cli)",
-    "accelerate.commands.launch": "use 'overdrive launch' (overdrive.cli.launch)",
-    "accelerate.commands.env": "use 'overdrive env'", "accelerate.commands.test": "use 'overdrive test'",
-    "accelerate.commands.estimate": "use 'overdrive estimate-memory'",
     "accelerate.commands.merge": "use 'overdrive merge-weights'",
-    "accelerate.commands.to_fsdp2": "use 'overdrive to-fsdp2'", "accelerate.commands.tpu": "use 'overdrive tpu-config'",
     "accelerate.commands.utils": "argument-parser internals of Accelerate's CLI",
     "accelerate.commands.menu": "Accelerate's interactive menu; 'overdrive config' asks its own questions",
     "accelerate.commands.config.cluster": "'overdrive config' asks its own questions",
@@ -61,6 +58,7 @@ def _names(source: str, text: str) -> dict[str, str]:
 
 _C, _OPS, _REF, _IMP = "overdrive.config", "overdrive.ops", "overdrive.compat.refusals", "overdrive.compat.imports"
 _OTHER, _ENV, _K = "overdrive.compat.other", "overdrive.compat.environment", "overdrive.compat.constants"
+_CLI, _CMD = "overdrive.compat.cli_launch", "overdrive.compat.cli_commands"
 _IS_AVAILABLE = (
     "is_4bit_bnb_available is_8bit_bnb_available is_aim_available is_amdsmi_available is_bf16_available "
     "is_bitsandbytes_multi_backend_available is_bnb_available is_boto3_available is_clearml_available "
@@ -98,6 +96,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                      "TorchDynamoPlugin AORecipeKwargs TERecipeKwargs"),
         **_names("overdrive.compat.kinds", "ComputeEnvironment CustomDtype DynamoBackend SageMakerDistributedType"),
         **_names(_OPS, "TensorInformation"),
+        **_names("overdrive.compat.fsdp", "get_module_class_from_name"),
         **_names(_REF, "BnbQuantizationConfig FP8RecipeKwargs MSAMPRecipeKwargs DeepSpeedSequenceParallelConfig "
                        "TorchContextParallelConfig TorchTensorParallelConfig add_model_config_to_megatron_parser"),
     },
@@ -121,7 +120,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     },
     "overdrive.utils.fsdp_utils": {
         **_names("overdrive.compat.fsdp", "save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer "
-                                          "merge_fsdp_weights"),
+                                          "merge_fsdp_weights get_parameters_from_modules"),
         **_names(_OTHER, "enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading"),
         **_names(_REF, "fsdp2_prepare_model fsdp2_load_full_state_dict fsdp2_switch_optimizer_parameters "
                        "fsdp2_apply_ac fsdp2_canonicalize_names ensure_weights_retied get_fsdp2_grad_scaler"),
@@ -141,8 +140,10 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                        "parse_flag_from_env purge_accelerate_environment set_numa_affinity str_to_bool"),
         **_names("overdrive.utils.misc", "patch_environment"),
     },
-    "overdrive.utils.launch": _names(_REF, "PrepareForLaunch prepare_deepspeed_cmd_env prepare_multi_gpu_env "
-                                           "prepare_sagemager_args_inputs prepare_simple_launcher_cmd_env prepare_tpu"),
+    "overdrive.utils.launch": {
+        **_names(_REF, "PrepareForLaunch prepare_deepspeed_cmd_env prepare_sagemager_args_inputs prepare_tpu"),
+        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env"),
+    },
     "overdrive.utils.megatron_lm": _names(_REF, "AbstractTrainStep BertTrainStep GPTTrainStep T5TrainStep "
                                                 "MegatronLMDummyDataLoader MegatronLMDummyScheduler "
                                                 "avg_losses_across_data_parallel_group"),
@@ -202,7 +203,15 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.parallelism_config": _names(_C, "ParallelismConfig"),
     "overdrive.commands": {},
     "overdrive.commands.config": _names(_OTHER, "default_config_file load_config_from_file"),
-    "overdrive.commands.config.config_args": _names(_OTHER, "default_config_file load_config_from_file"),
+    "overdrive.commands.config.config_args": {**_names(_OTHER, "default_config_file load_config_from_file"),
+                                              **_names(_CMD, "BaseConfig ClusterConfig SageMakerConfig")},
+    "overdrive.commands.launch": _names(_CLI, "launch_command_parser launch_command _validate_launch_command"),
+    "overdrive.commands.env": {**_names(_CMD, "env_command_parser env_command"), **_names("shutil", "which")},
+    "overdrive.commands.test": _names(_CMD, "test_command_parser test_command"),
+    "overdrive.commands.estimate": _names(_CMD, "estimate_command_parser estimate_command gather_data "
+                                                "add_timm_hub_prefix verify_on_hub"),
+    "overdrive.commands.to_fsdp2": _names(_CMD, "to_fsdp2_command_parser to_fsdp2_command convert_config_to_fsdp2"),
+    "overdrive.commands.tpu": _names(_CMD, "tpu_command_parser tpu_command_launcher"),
     "overdrive.commands.config.default": _names(_OTHER, "write_basic_config"),
     "overdrive.test_utils": _names("overdrive.compat.testing", "RegressionDataset RegressionModel"),
     "overdrive.test_utils.testing": _names("overdrive.compat.testing", "require_cpu slow"),
@@ -227,6 +236,9 @@ ABSENT: dict[str | tuple[str, str], str] = {
     ("overdrive.commands.config", "*"): "Accelerate's CLI parser; use 'overdrive config'",
     ("overdrive.commands.config.config_args", "*"): "Accelerate's config classes; overdrive reads the same YAML keys",
     ("overdrive.commands.config.default", "*"): "Accelerate's CLI parser; use 'overdrive config default'",
+    **{(f"overdrive.commands.{name}", "*"): "internals and entry point of Accelerate's command; its parser and "
+       "command functions run the overdrive command of the same name" for name in
+       ("launch", "env", "test", "estimate", "to_fsdp2", "tpu")},
     # single internals
     "DataLoaderAdapter": "internal base of Accelerate's loaders; overdrive's prepared loaders are DataLoaders",
     "DataLoaderStateMixin": "internal mixin; overdrive's loaders report their state to GradientState",
@@ -242,14 +254,12 @@ ABSENT: dict[str | tuple[str, str], str] = {
     "find_first_last_linear_layers": "internal of the torchao conversion (the Accelerator applies fp8)",
     "BaseEnum": "internal enum base", "EnumWithContains": "internal enum base",
     "FP8BackendType": "fp8 back ends are chosen by AORecipeKwargs / mixed_precision='fp8'",
-    "get_module_class_from_name": "internal of FSDP auto-wrap; overdrive finds blocks itself",
     **dict.fromkeys(("parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config", "parse_llama_config",
                      "parse_t5_config"), "Megatron-LM model-config parsers"),
     "CPUInformation": "internal record of the environment helpers",
     "get_driver_version": "nvidia-smi query; use torch.version.cuda",
     "override_numa_affinity": "NUMA pinning is left to torchrun (--numa-binding)",
     "fsdp2_prepare_auto_wrap_policy": "overdrive applies FSDP2 itself in accelerator.prepare()",
-    "get_parameters_from_modules": "internal of Accelerate's FSDP2 preparation",
     "ConvertOutputsToFp32": "internal class behind convert_outputs_to_fp32 (use the function)",
     "chained_operation": "internal decorator of Accelerate's collectives",
     "verify_operation": "internal decorator; overdrive's collectives check shapes before every call",

@@ -1,0 +1,219 @@
+"""``accelerate.commands.launch`` and ``accelerate.utils.launch`` over ``overdrive launch``.
+
+Libraries drive Accelerate's launcher from Python: TRL's command line parses with
+``launch_command_parser()`` and runs ``launch_command(args)``. Here the parser is ``overdrive launch``'s
+(every Accelerate flag), and the namespace it returns reads as Accelerate's does: switches ``False`` and
+numbers typed when given, and ``nondefault`` naming the flags given. ``launch_command`` hands the flags
+given (and any value a caller changed) to ``overdrive launch``: the config file still fills the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from typing import Any
+
+#: Accelerate's types for the flags whose values are not text (the rest stay strings, as in Accelerate)
+_INT = ("num_processes", "num_machines", "machine_rank", "main_process_port", "num_cpu_threads_per_process",
+        "max_restarts", "gradient_accumulation_steps", "fp8_margin", "fp8_interval", "fp8_amax_history_len",
+        "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size", "parallelism_config_tp_size",
+        "parallelism_config_cp_size", "parallelism_config_sp_size", "megatron_lm_tp_degree", "megatron_lm_pp_degree",
+        "megatron_lm_num_micro_batches", "fsdp_min_num_params", "zero_stage")
+_FLOAT = ("monitor_interval", "gradient_clipping", "megatron_lm_gradient_clipping", "timeout")
+#: Accelerate's defaults where they are not None (switches) / False; a value equal to its default counts as
+#: not given when the namespace goes back to overdrive launch
+_DEFAULTS: dict[str, Any] = {
+    "monitor_interval": 0.1, "max_restarts": 0, "rdzv_backend": "static", "rdzv_conf": "", "tee": "0",
+    "dynamo_mode": "default", "role": "default", "debug": None, "module": None, "no_python": None, "quiet": None,
+    "fsdp_activation_checkpointing": "false", "fsdp_activation_checkpointing_offload": "false",
+    "fsdp_cpu_ram_efficient_loading": "true", "fsdp_forward_prefetch": "false", "fsdp_min_num_params": 100000000,
+    "fsdp_offload_params": "false", "fsdp_reshard_after_forward": "true", "fsdp_sharding_strategy": "FULL_SHARD",
+    "fsdp_sync_module_states": "true", "fsdp_use_orig_params": "true", "fsdp_version": "1",
+    "fp8_amax_compute_algo": "most_recent", "fp8_amax_history_len": 1024, "fp8_enable_fsdp_float8_all_gather": 1,
+    "fp8_format": "HYBRID", "fp8_interval": 1, "fp8_margin": 0, "fp8_opt_level": "O2",
+    "fp8_override_linear_precision": (False, False, False), "fp8_pad_inner_dim": 1,
+    **{f"megatron_lm_{name}": False for name in ("eod_mask_loss", "no_load_optim", "no_save_optim",
+                                                 "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d",
+                                                 "use_custom_fsdp", "use_precision_aware_optimizer")},
+    "megatron_lm_gradient_clipping": 1.0, "megatron_lm_pp_degree": 1, "megatron_lm_tp_degree": 1,
+    **{f"parallelism_config_{name}_size": 1 for name in ("cp", "dp_replicate", "dp_shard", "sp", "tp")},
+    "parallelism_config_cp_backend": "torch", "parallelism_config_cp_comm_strategy": "allgather",
+    "parallelism_config_sp_attn_implementation": "sdpa", "parallelism_config_sp_backend": "deepspeed",
+    "parallelism_config_sp_seq_length_is_variable": True,
+}
+_KEEP = ("training_script", "training_script_args", "module", "no_python", "as_accelerate", "run", "command")
+
+
+class _UnderscoreHelp(argparse.HelpFormatter):
+    """Help that lists each flag once, by its underscore spelling (Accelerate's help)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        shown = [o for o in action.option_strings if "-" not in o.lstrip("-")] or action.option_strings
+        saved = action.option_strings
+        action.option_strings = shown
+        try:
+            return super()._format_action_invocation(action)
+        finally:
+            action.option_strings = saved
+
+
+class AccelerateLaunchParser(argparse.ArgumentParser):
+    """``overdrive launch``'s parser returning Accelerate-shaped namespaces (see the module docstring)."""
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        """argparse's, then Accelerate's defaults and types filled in and ``nondefault`` recorded."""
+        parsed, extra = super().parse_known_args(*args, **kwargs)
+        given = {action.dest for action in self._actions if action.option_strings
+                 and getattr(parsed, action.dest, None) not in (None, action.default)}
+        for action in self._actions:
+            dest = action.dest
+            if dest == "help" or not hasattr(parsed, dest):
+                continue
+            value = getattr(parsed, dest)
+            if dest in _DEFAULTS and value == action.default:
+                value = _DEFAULTS[dest]
+            elif value is None and isinstance(action, argparse._StoreTrueAction):
+                value = False
+            elif dest in _INT and isinstance(value, str):
+                value = int(value)
+            elif dest in _FLOAT and isinstance(value, str):
+                value = float(value)
+            setattr(parsed, dest, value)
+        parsed.nondefault = given | {"training_script", "training_script_args"} | set(getattr(parsed, "nondefault", ()))
+        return parsed, extra
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Accelerate's ``launch_command_parser``: the ``overdrive launch`` flags (all of ``accelerate launch``'s),
+    the script and its arguments. With ``subparsers``, registered there as ``launch``."""
+    from overdrive.cli.launch import add_launch_flags
+
+    description = ("Launch a python script in a distributed scenario (overdrive launch). Arguments can be passed "
+                   "in with either hyphens (`--num-processes=2`) or underscores (`--num_processes=2`)")
+    if subparsers is not None:
+        parser = subparsers.add_parser("launch", description=description, formatter_class=_UnderscoreHelp)
+        parser.__class__ = AccelerateLaunchParser
+    else:
+        parser = AccelerateLaunchParser(prog="accelerate launch", description=description, allow_abbrev=False,
+                                        formatter_class=_UnderscoreHelp)
+    add_launch_flags(parser)
+    parser.add_argument("training_script", help="the script (or module with -m, program with --no_python)")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
+    if subparsers is not None:
+        parser.set_defaults(func=launch_command)
+    return parser
+
+
+def overdrive_namespace(args: argparse.Namespace) -> argparse.Namespace:
+    """``overdrive launch``'s namespace for Accelerate's ``args``: the flags given, or changed from their default,
+    keep their value; the others are left to the config file and overdrive's defaults."""
+    parser = launch_command_parser()
+    defaults = vars(parser.parse_args(["x.py"]))
+    given = set(getattr(args, "nondefault", set()))
+    out = argparse.Namespace()
+    for dest, default in defaults.items():
+        if dest in ("nondefault",):
+            continue
+        value = getattr(args, dest, default)
+        # a namespace built by hand spells "not given" as Accelerate's defaults: False, 0, "false", ...
+        changed = value != default and not (value is False or value in (0, "", "false", "no"))
+        keep = dest in _KEEP or dest in given or changed
+        setattr(out, dest, value if keep else None)
+    out.module, out.no_python = bool(out.module), bool(out.no_python)
+    out.as_accelerate = bool(getattr(out, "as_accelerate", False))
+    out.role = out.role or "default"
+    return out
+
+
+def launch_command(args: argparse.Namespace) -> None:
+    """Accelerate's ``launch_command``: run the script as ``overdrive launch`` would with these flags. A bad flag
+    or config file raises ``ValueError`` (listing every problem); a failed run ``subprocess.CalledProcessError``."""
+    from overdrive.cli import UsageError
+    from overdrive.cli.launch import run
+    from overdrive.launchers.config_file import ConfigError
+
+    try:
+        code = run(overdrive_namespace(args))
+    except (UsageError, ConfigError) as err:
+        raise ValueError(str(err)) from None
+    if code:
+        raise subprocess.CalledProcessError(code, ["overdrive", "launch", str(args.training_script)])
+
+
+def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
+    """Accelerate's ``_validate_launch_command``: ``args`` completed from the config file (flags given win),
+    the config read (or None) and whether the mixed precision came from it."""
+    from overdrive.cli.launch import read_config
+
+    config, _ = read_config(overdrive_namespace(args))
+    given = set(getattr(args, "nondefault", set()))
+    for key, value in config.items():
+        if isinstance(value, dict):
+            prefix = {"fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_"}.get(key, "")
+            for inner, item in value.items():
+                name = inner if inner.startswith(prefix) else prefix + inner
+                if name not in given:
+                    setattr(args, name, item)
+        elif key not in ("compute_environment", "distributed_type", "mixed_precision") and key not in given \
+                and getattr(args, key, None) in (None, False):
+            setattr(args, key, value)
+    from_config = not getattr(args, "mixed_precision", None) and config.get("mixed_precision") is not None
+    args.mixed_precision = args.mixed_precision or config.get("mixed_precision") or "no"
+    args.dynamo_backend = getattr(args, "dynamo_backend", None) or "no"
+    args.num_machines = args.num_machines or 1
+    args.use_cpu = bool(getattr(args, "cpu", False) or config.get("use_cpu"))
+    return args, (argparse.Namespace(**config) if config else None), from_config
+
+
+def _plan_environ(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    from overdrive.cli.launch import plan_launch
+    from overdrive.launchers.torchrun import worker_environ
+
+    plan, command, _ = plan_launch(overdrive_namespace(args))
+    env = dict(os.environ)
+    env.update({k: v for k, v in worker_environ(plan).items() if v is not None})
+    env["ACCELERATE_USE_CPU"] = str(bool(getattr(args, "cpu", False) or getattr(args, "use_cpu", False)))
+    if env["ACCELERATE_USE_CPU"] == "True":  # Intel OpenMP placement, as Accelerate's launcher sets it
+        env["KMP_AFFINITY"] = "granularity=fine,compact,1,0"
+        env["KMP_BLOCKTIME"] = "1"
+    target = [command.target] if command.no_python else [sys.executable, *(["-m"] if command.module else []),
+                                                         command.target]
+    return [*target, *command.args], env
+
+
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """Accelerate's ``prepare_simple_launcher_cmd_env``: the command one process runs and its environment
+    (this process's, plus the variables ``overdrive launch`` exports for ``args``)."""
+    return _plan_environ(args)
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """Accelerate's ``prepare_multi_gpu_env``: the workers' environment for ``args``; like Accelerate it fills
+    torchrun's fields on ``args`` (``master_port`` a free port when ``main_process_port`` is 0)."""
+    from overdrive.compat.other import get_free_port
+
+    if getattr(args, "main_process_port", None) == 0:
+        args.main_process_port = get_free_port()
+    elif getattr(args, "main_process_port", None) is None:
+        args.main_process_port = 29500
+    num_machines = getattr(args, "num_machines", 1) or 1
+    args.nproc_per_node = str((getattr(args, "num_processes", 1) or 1) // num_machines)
+    args.nnodes = str(num_machines)
+    args.node_rank = int(getattr(args, "machine_rank", 0) or 0)
+    args.master_addr = str(getattr(args, "main_process_ip", None) or "127.0.0.1")
+    args.master_port = str(args.main_process_port)
+    args.training_script = getattr(args, "training_script", None) or sys.argv[0]
+    return _plan_environ(args)[1] if os.path.isfile(str(args.training_script)) else _environ_only(args)
+
+
+def _environ_only(args: argparse.Namespace) -> dict[str, str]:
+    """The variables for ``args`` without a script to check (Accelerate builds them without one)."""
+    from overdrive.compat.accelerate_env import variables_for_workers
+
+    env = dict(os.environ)
+    env.update(variables_for_workers({"mixed_precision": getattr(args, "mixed_precision", "no"),
+                                      "debug": bool(getattr(args, "debug", False))}))
+    env.update(MASTER_ADDR=args.master_addr, MASTER_PORT=args.master_port)
+    return env
