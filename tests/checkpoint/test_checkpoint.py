@@ -284,6 +284,18 @@ def test_merge_weights_in_one_process(tmp_path: Path, capsys: pytest.CaptureFixt
     run, path = _saved_run(tmp_path)
     assert merge_weights_main([str(path), str(tmp_path / "out")]) == 0
     assert same(load_file(tmp_path / "out" / "model.safetensors"), snapshot(run)["model"])
-    assert merge_weights_main([str(path), str(tmp_path / "o2"), "--model-index", "3"]) == 1
+    capsys.readouterr()
+    # user mistakes are usage errors (2), as documented; the output folder is never overwritten silently
+    assert merge_weights_main([str(path), str(tmp_path / "o2"), "--model-index", "3"]) == 2
     assert "holds no weights for model 3" in capsys.readouterr().err
     assert merge_weights_main(["--bogus"]) == 2
+    assert merge_weights_main([str(tmp_path / "nope"), str(tmp_path / "o3")]) == 2
+    assert f"checkpoint folder {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+    before = (tmp_path / "out" / "model.safetensors").stat().st_mtime_ns
+    assert merge_weights_main([str(path), str(tmp_path / "out")]) == 2
+    assert "already exists and is not an empty folder" in capsys.readouterr().err
+    assert (tmp_path / "out" / "model.safetensors").stat().st_mtime_ns == before
+    assert merge_weights_main([str(path), str(tmp_path / "out"), "--overwrite"]) == 0
+    assert same(load_file(tmp_path / "out" / "model.safetensors"), snapshot(run)["model"])
+    (path / "manifest.json").write_text("{}")  # a damaged checkpoint is not a usage error
+    assert merge_weights_main([str(path), str(tmp_path / "o4")]) == 1

@@ -43,3 +43,48 @@ def test_config_at_the_end_of_its_input_writes_nothing(tmp_path):
         assert result.returncode == 2, result.stdout + result.stderr
         assert "overdrive config: error: the input ended before an answer to " in result.stderr
         assert "nothing was written" in result.stderr and not target.exists()
+
+
+def test_to_fsdp2_names_every_key_it_drops_or_changes(tmp_path):
+    import yaml
+
+    from overdrive.cli.to_fsdp2_cmd import convert
+
+    fsdp1 = {"fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_forward_prefetch": False, "fsdp_sync_module_states": True,
+             "fsdp_use_orig_params": True, "fsdp_sharding_strategy": "FULL_SHARD",
+             "fsdp_reshard_after_forward": "SHARD_GRAD_OP", "fsdp_version": 1, "fsdp_offload_params": False}
+    converted, notes = convert({"distributed_type": "FSDP", "fsdp_config": dict(fsdp1)})
+    kept = converted["fsdp_config"]
+    assert kept == {"fsdp_reshard_after_forward": False, "fsdp_offload_params": False, "fsdp_version": 2}
+    for key, value in fsdp1.items():  # every input key is kept as it was, or a note names it
+        assert kept.get(key) == value or any(note.startswith((f"dropped {key}:", f"{key}:")) for note in notes), key
+    assert "dropped fsdp_sharding_strategy: FULL_SHARD (fsdp_reshard_after_forward: SHARD_GRAD_OP was given too" \
+        in "\n".join(notes)
+    source, target = tmp_path / "fsdp1.yaml", tmp_path / "fsdp2.yaml"
+    source.write_text(yaml.safe_dump({"fsdp_config": fsdp1}))
+    result = overdrive("to-fsdp2", "--config_file", str(source), "--output_file", str(target), env=clean_env(tmp_path))
+    assert result.returncode == 0 and all(f"overdrive to-fsdp2: {note}" in result.stderr for note in notes)
+
+
+def test_help_texts_are_plain_and_an_unknown_flag_leads_with_the_hint(tmp_path):
+    import subprocess
+    import sys
+
+    names = ["launch", "config", "env", "test", "estimate-memory", "doctor", "to-fsdp2", "tpu-config", "plot",
+             "merge-weights"]
+    # one process for every --help (each would import the CLI again)
+    script = ("import contextlib, io, sys\nfrom overdrive.cli import main\n"
+              f"for name in {names!r}:\n"
+              "    out = io.StringIO()\n"
+              "    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+              "        main([name, '--help'])\n"
+              "    print('=====', name, len(out.getvalue()), out.getvalue().count('``'))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    counts = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("=====")]
+    assert [name for name, _, _ in counts] == names, result.stderr
+    assert all(int(size) > 100 and ticks == "0" for _, size, ticks in counts), counts
+    typo = overdrive("launch", "--num_proceses", "2", "train.py", env=clean_env(tmp_path))
+    lines = typo.stderr.splitlines()
+    assert typo.returncode == 2 and len(lines) <= 2, typo.stderr
+    assert lines[0].startswith("overdrive launch: error: '--num_proceses' is not a flag of 'overdrive launch' "
+                               "(did you mean --num_processes?)")

@@ -245,9 +245,23 @@ def _saved_order(folder: Path, model_index: int, names: list[str]) -> list[str]:
     return ordered + [n for n in names if n not in set(ordered)]
 
 
+def _usage_mistake(checkpoint: Path, output: Path, model_index: int, overwrite: bool) -> str | None:
+    """What is wrong with the command line itself (exit status 2), before any file is read."""
+    if not checkpoint.is_dir():
+        return f"checkpoint folder {checkpoint} does not exist" if not checkpoint.exists() else (
+            f"{checkpoint} is a file; give the folder save_state wrote")
+    if model_index < 0:
+        return f"--model-index {model_index}: give 0 or more (0 = the first prepared model)"
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
+        return (f"{output} already exists and is not an empty folder: choose a new output folder, or pass "
+                "--overwrite to replace the weights in it")
+    return None
+
+
 def merge_weights_main(argv: Sequence[str] | None = None) -> int:
     """``overdrive merge-weights CHECKPOINT OUT``: exit status 0 when written, 1 when the checkpoint is
-    unusable, 2 for a usage error."""
+    damaged or unreadable, 2 for a usage error (no such folder, no model of that index in it, an output
+    folder that holds files without ``--overwrite``)."""
     parser = argparse.ArgumentParser(
         prog="overdrive merge-weights",
         description="Write a model of a save_state checkpoint as full safetensors shards (model.safetensors, or "
@@ -261,17 +275,24 @@ def merge_weights_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--unsafe-serialization", action="store_true",
                         help="write pytorch_model*.bin with torch.save instead of safetensors")
     parser.add_argument("--no-verify", action="store_true", help="skip the checksums (sizes are still checked)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an output folder that already holds files (its old shards are removed)")
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:
         return int(exc.code or 0)
+    mistake = _usage_mistake(Path(args.checkpoint), Path(args.output), args.model_index, args.overwrite)
+    if mistake:
+        print(f"overdrive merge-weights: error: {mistake}", file=sys.stderr)
+        return 2
     try:
         written = merge_weights(args.checkpoint, args.output, model_index=args.model_index,
                                 max_shard_size=args.max_shard_size, safe_serialization=not args.unsafe_serialization,
                                 verify=not args.no_verify)
     except (CheckpointError, ValueError) as exc:
+        usage = isinstance(exc, ValueError) or "holds no weights for model" in str(exc)
         print(f"overdrive merge-weights: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if usage else 1
     for path in written:
         print(path)
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -51,8 +52,18 @@ class UsageError(Exception):
         super().__init__("; ".join(self.problems))
 
 
+def plain(text: str) -> str:
+    """``text`` without reStructuredText's double backticks (help texts come from docstrings)."""
+    return re.sub(r"``([^`]*)``", r"'\1'", text)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with exit status 2 messages that suggest the nearest flag for a mistyped one."""
+    """argparse with exit status 2 messages that lead with the problem and suggest the nearest flag for a
+    mistyped one, and help texts without reStructuredText markup."""
+
+    def format_help(self) -> str:
+        """The help text, as plain text."""
+        return plain(super().format_help())
 
     def error(self, message: str) -> NoReturn:
         if "unrecognized arguments:" in message:
@@ -68,8 +79,14 @@ class Parser(argparse.ArgumentParser):
             if not hints:
                 hints = [f"unexpected arguments {' '.join(words)!r}"]
             message = "; ".join(hints) + f". See '{self.prog} --help' for the flags."
-        self.print_usage(sys.stderr)
-        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+        # the problem first; a long usage (launch's is 40 lines) would push it off the screen
+        usage = self.format_usage()
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        if usage.count("\n") <= 3:
+            sys.stderr.write(usage)
+        elif "--help" not in message:
+            sys.stderr.write(f"usage: '{self.prog} --help' lists every flag\n")
+        self.exit(USAGE_ERROR)
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:

@@ -13,11 +13,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from overdrive.cli import Parser
 from overdrive.tracking.jsonl import find_metrics_file, metric_series, read_metrics
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="overdrive plot", description=(__doc__ or "").split("\n\n")[0])
+    parser = Parser(prog="overdrive plot", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run folder, project folder or metrics.jsonl file")
     parser.add_argument("-o", "--output", help="PNG to write (default: RUN_DIR/metrics.png)")
     parser.add_argument("-m", "--metrics", nargs="+", metavar="NAME",

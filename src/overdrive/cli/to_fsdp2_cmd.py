@@ -33,12 +33,19 @@ def convert(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if int(fsdp.get("fsdp_version", 1)) == 2:
         return config, ["fsdp_config already says fsdp_version: 2: nothing to convert"]
     notes, out = [], {}
+    strategies = [key for key in ("fsdp_reshard_after_forward", "fsdp_sharding_strategy")
+                  if key in fsdp and str(fsdp[key]).upper() in RESHARD]
     for key, value in fsdp.items():
         if key in DROPPED:
             notes.append(f"dropped {key}: {value!r} (an FSDP1 setting; FSDP2 has no equivalent)")
-        elif key in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward") and str(value).upper() in RESHARD:
+        elif key in strategies and key != strategies[0]:  # both given: the FSDP2 key's value wins
+            notes.append(f"dropped {key}: {value} (fsdp_reshard_after_forward: {fsdp[strategies[0]]} was given too "
+                         "and is kept)")
+        elif key in strategies:
             out["fsdp_reshard_after_forward"] = RESHARD[str(value).upper()]
             notes.append(f"{key}: {value} -> fsdp_reshard_after_forward: {str(out['fsdp_reshard_after_forward']).lower()}")
+        elif key == "fsdp_version":
+            notes.append(f"fsdp_version: {value} -> 2")
         else:
             out[key] = value
     out["fsdp_version"] = 2
