@@ -93,12 +93,13 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                      "DistributedDataParallelKwargs DistributedType FullyShardedDataParallelPlugin GradScalerKwargs "
                      "GradientAccumulationPlugin InitProcessGroupKwargs KwargsHandler LoggerType MegatronLMPlugin "
                      "PrecisionType ProfileKwargs ProjectConfiguration RNGType TorchTensorParallelPlugin "
-                     "TorchDynamoPlugin AORecipeKwargs TERecipeKwargs"),
+                     "TorchDynamoPlugin AORecipeKwargs TERecipeKwargs TorchContextParallelConfig "
+                     "DeepSpeedSequenceParallelConfig"),
         **_names("overdrive.compat.kinds", "ComputeEnvironment CustomDtype DynamoBackend SageMakerDistributedType"),
         **_names(_OPS, "TensorInformation"),
         **_names("overdrive.compat.fsdp", "get_module_class_from_name"),
-        **_names(_REF, "BnbQuantizationConfig FP8RecipeKwargs MSAMPRecipeKwargs DeepSpeedSequenceParallelConfig "
-                       "TorchContextParallelConfig TorchTensorParallelConfig add_model_config_to_megatron_parser"),
+        **_names(_REF, "BnbQuantizationConfig FP8RecipeKwargs MSAMPRecipeKwargs TorchTensorParallelConfig "
+                       "add_model_config_to_megatron_parser"),
     },
     "overdrive.utils.operations": {
         **_names(_OPS, "broadcast broadcast_object_list concatenate convert_to_fp32 find_batch_size find_device "

@@ -48,7 +48,9 @@ _EXPORTS = {
     "KwargsHandler": "overdrive.config.kwargs",
     "ProfileKwargs": "overdrive.config.kwargs",
     "MegatronLMPlugin": "overdrive.config.megatron",
+    "DeepSpeedSequenceParallelConfig": "overdrive.config.parallelism",
     "ParallelismConfig": "overdrive.config.parallelism",
+    "TorchContextParallelConfig": "overdrive.config.parallelism",
     "TorchTensorParallelPlugin": "overdrive.config.parallelism",
     "PipelineConfig": "overdrive.config.pipeline",
     "DataLoaderConfiguration": "overdrive.config.project",
@@ -82,6 +84,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
         ProfileKwargs,
     )
     from overdrive.config.megatron import MegatronLMPlugin
-    from overdrive.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
+    from overdrive.config.parallelism import (
+        DeepSpeedSequenceParallelConfig,
+        ParallelismConfig,
+        TorchContextParallelConfig,
+        TorchTensorParallelPlugin,
+    )
     from overdrive.config.pipeline import PipelineConfig
     from overdrive.config.project import DataLoaderConfiguration, ProjectConfiguration
