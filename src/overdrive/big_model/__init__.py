@@ -9,6 +9,7 @@ accelerators, CPU memory and disk.
 Modules: ``init`` (meta init), ``sizes`` and ``planning`` (sizes, memory, device maps), ``tensors`` (moving
 one tensor), ``hooks`` and ``attach`` (forward hooks), ``offload`` (the offload folder format),
 ``dispatch`` (dispatch / CPU and disk offload), ``checkpoint_files`` and ``loading`` (streaming loads),
+``safetensors_io`` and ``mapped_files`` (zero-copy weights in a file mapping, guarded against truncation),
 ``estimate`` (memory estimates for ``overdrive estimate-memory``), ``pippy`` (pipelined inference).
 Names are imported on first use.
 """
@@ -37,6 +38,7 @@ _MODULES = {
                 "extract_submodules_state_dict"),
     "dispatch": ("dispatch_model", "cpu_offload", "cpu_offload_with_hook", "disk_offload"),
     "checkpoint_files": ("load_state_dict", "CheckpointError"),
+    "mapped_files": ("MappedFileError",),
     "loading": ("load_checkpoint_in_model", "load_checkpoint_and_dispatch"),
     "pippy": ("prepare_pippy", "find_pippy_batch_size", "generate_device_map"),
 }

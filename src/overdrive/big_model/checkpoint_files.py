@@ -42,16 +42,19 @@ class Shard:
 
     def tensors(self) -> Iterator[tuple[str, Any]]:
         """``(name, reader)`` pairs; ``reader(out=None)`` returns the tensor as a new CPU tensor (or reads
-        it into ``out``). A ``.bin`` shard is mapped once here and released when the iteration ends."""
+        it into ``out``), ``reader(mapped=True)`` a zero-copy view of a safetensors shard's file mapping
+        (see :meth:`SafetensorsFile.view`; a ``.bin`` shard's tensors are still copied). A ``.bin``
+        shard is mapped once here and released when the iteration ends."""
         if self.safetensors is not None:
             file = self.safetensors
             for name in self.shapes:
-                yield name, lambda out=None, name=name: file.read(name, out)
+                yield name, lambda out=None, mapped=False, name=name: (
+                    file.view(name, shared_map=True) if mapped else file.read(name, out))
             return
         state = _torch_load(self.path)
         try:
             for name in self.shapes:
-                yield name, lambda out=None, t=state[name]: _copy_out(t, out)
+                yield name, lambda out=None, mapped=False, t=state[name]: _copy_out(t, out)
         finally:
             del state
 
@@ -162,9 +165,10 @@ def open_checkpoint(checkpoint: str | os.PathLike[str]) -> Checkpoint:
 def load_state_dict(checkpoint_file: str | os.PathLike[str], device_map: dict[str, Any] | None = None
                     ) -> dict[str, torch.Tensor]:
     """All tensors of one weights file, on the CPU (or, with ``device_map``, on each tensor's device;
-    ``"disk"`` tensors stay on the CPU)."""
+    ``"disk"`` tensors stay on the CPU). A safetensors file's CPU tensors are zero-copy views of its
+    mapping, as with Accelerate (see :meth:`SafetensorsFile.view`)."""
     shard = _open_shard(os.fspath(checkpoint_file))
-    state = {name: read() for name, read in shard.tensors()}
+    state = {name: read(mapped=True) for name, read in shard.tensors()}
     if device_map:
         from overdrive.big_model.planning import _device_for
 

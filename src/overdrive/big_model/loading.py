@@ -3,8 +3,11 @@
 
 Everything that can be wrong is checked first, and reported together: the device map (unknown names,
 tensors without a device), the offload folder, every shard's integrity, and the checkpoint's names and
-shapes against the model's. Only then are weights written, one tensor at a time, read straight from
-the file into their final buffer, so memory grows by the model's own size and nothing more.
+shapes against the model's. Only then are weights written, one tensor at a time. A weight of a
+safetensors shard that goes to the CPU of a model without storage (built under ``init_empty_weights``)
+in its stored dtype is not copied at all: it stays in the file's copy-on-write mapping (page cache,
+shared by every process loading the same file; see :mod:`overdrive.big_model.mapped_files`). Any other
+weight is read straight from the file into its final buffer.
 """
 
 from __future__ import annotations
@@ -134,6 +137,9 @@ class _Writer:
               and old.is_contiguous()):
             with torch.no_grad():
                 read(out=old.data)  # in place: no second copy of a model that already has storage
+        elif old.device.type == "meta" and str(device) in ("cpu", "disk") and dtype == shard.dtypes[name]:
+            # zero-copy: the weight stays in the file's (copy-on-write) mapping, in the shared page cache
+            set_module_tensor_to_device(self.model, name, "cpu", value=read(mapped=True), dtype=dtype)
         else:
             set_module_tensor_to_device(self.model, name, "cpu" if device == "disk" else device,
                                         value=read(), dtype=dtype)

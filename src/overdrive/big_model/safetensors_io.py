@@ -3,8 +3,9 @@
 The format is 8 bytes of header length, a JSON header ``{name: {dtype, shape, data_offsets}}`` and the
 raw data. Reading the header is cheap, so every shard of a checkpoint can be checked (names, shapes, offsets
 inside the file) before any weight is touched. Tensors are then read straight into their final buffer
-(``readinto``: no intermediate copy, and no mapped pages counted in the process's memory), or viewed
-zero-copy through a private memory map for offloaded weights that are read again at every forward.
+(``readinto``: no intermediate copy), or viewed zero-copy through a private memory map: weights loaded
+to stay on the CPU and offloaded weights read again at every forward (see
+:mod:`overdrive.big_model.mapped_files`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import json
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from overdrive.big_model.mapped_files import MappedFileError, guard, shrank_message
 
 __all__ = ["SafetensorsError", "TensorEntry", "SafetensorsFile", "SAFETENSORS_DTYPES"]
 
@@ -27,6 +31,14 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
 }
 _MAX_HEADER = 100 * 2**20
+
+
+def _pread_into(fd: int, buffer: memoryview, offset: int) -> int:
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [buffer], offset)  # no shared file offset: safe from several threads
+    with open(fd, "rb", buffering=0, closefd=False) as file:
+        file.seek(offset)
+        return file.readinto(buffer) or 0
 
 
 class SafetensorsError(ValueError):
@@ -52,14 +64,18 @@ class SafetensorsFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        # held open: every read and map sees the file as it was opened, even if the path is later replaced
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        weakref.finalize(self, os.close, self._fd)
         self.entries, self.metadata = self._read_header()
+        self._shared_map: mmap.mmap | None = None
 
     def _fail(self, why: str) -> SafetensorsError:
         return SafetensorsError(f"{self.path} is not a valid safetensors file: {why} (re-save or re-download it)")
 
     def _read_header(self) -> tuple[dict[str, TensorEntry], dict[str, str]]:
-        size = os.path.getsize(self.path)
-        with open(self.path, "rb") as file:
+        self.size = size = os.fstat(self._fd).st_size
+        with open(self._fd, "rb", closefd=False) as file:
             head = file.read(8)
             if len(head) < 8:
                 raise self._fail(f"it has {size} bytes, fewer than the 8-byte header length")
@@ -106,25 +122,34 @@ class SafetensorsFile:
         if entry.nbytes == 0:
             return out
         view = out.view(-1).view(torch.uint8).numpy().data.cast("B")
-        with open(self.path, "rb", buffering=0) as file:
-            file.seek(entry.start)
-            done = 0
-            while done < entry.nbytes:
-                got = file.readinto(view[done:])
-                if not got:
-                    raise self._fail(f"the data of {name!r} ends early")
-                done += got
+        done = 0
+        while done < entry.nbytes:
+            got = _pread_into(self._fd, view[done:], entry.start + done)
+            if not got:
+                raise self._fail(f"the data of {name!r} ends early")
+            done += got
         return out
 
-    def view(self, name: str) -> torch.Tensor:
+    def view(self, name: str, shared_map: bool = False) -> torch.Tensor:
         """Tensor ``name`` backed by a private (copy-on-write) memory map of the file: no copy, pages read
-        on first use. Writes to it never reach the file."""
+        from the page cache on first use (and shared with every process mapping the file). Writes to it
+        copy the page written and never reach the file; a truncation of the file under the map raises
+        :class:`~overdrive.big_model.mapped_files.MappedFileError` instead of crashing the process.
+
+        ``shared_map=False`` maps the file for this tensor alone (the map closes when the tensor is freed,
+        so offloaded pages leave the process's memory after each use); ``True`` reuses one map of the file
+        for every tensor viewed so (weights loaded to stay on the CPU)."""
         entry = self.entries[name]
         if entry.nbytes == 0 or entry.start % entry.dtype.itemsize:
             return self.read(name)  # empty, or unaligned data that a typed view cannot address
-        # a map per view: it closes when the tensor is freed, so offloaded pages leave the process's memory
-        with open(self.path, "rb") as file:
-            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+        mapped = self._shared_map if shared_map else None
+        if mapped is None:
+            mapped = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+            if len(mapped) < self.size:
+                raise MappedFileError(shrank_message(self.path, self.size, len(mapped), "while its weights were in use"))
+            guard(mapped, torch.frombuffer(mapped, dtype=torch.uint8, count=1).data_ptr(), self.path)
+            if shared_map:
+                self._shared_map = mapped
         flat = torch.frombuffer(mapped, dtype=entry.dtype, count=entry.nbytes // entry.dtype.itemsize,
                                 offset=entry.start)
         return flat.view(entry.shape)
