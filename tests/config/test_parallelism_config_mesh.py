@@ -23,10 +23,12 @@ def _mesh_of(module_name: str) -> dict:
     config_class = importlib.import_module(module_name).ParallelismConfig
     config = config_class()  # every size from the PARALLELISM_CONFIG_* variables
     mesh = config.build_device_mesh("cpu")
-    return {"sizes": [config.dp_replicate_size, config.dp_shard_size, config.tp_size, config.cp_size],
+    out = {"sizes": [config.dp_replicate_size, config.dp_shard_size, config.tp_size, config.cp_size],
             "names": list(mesh.mesh_dim_names), "mesh": mesh.mesh.tolist(),
             "joint": {name: mesh[name].mesh.tolist() for name in ("dp", "dp_shard_cp", "dp_cp")},
             "tp_group": mesh["tp"].mesh.tolist()}
+    torch.distributed.barrier()  # rank 0 holds the store: it leaves only once every rank made its groups
+    return out
 
 
 @pytest.mark.timeout(240)
