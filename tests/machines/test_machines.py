@@ -28,6 +28,7 @@ class Run:
     procs: list
     out: Path
     started: float
+    ranks: list[int]  # the machine rank of each process in ``procs``
 
     def wait(self, seconds: float) -> list[float]:
         """Wait for every launcher; the time (since the start) each ended. Fails the test past ``seconds``."""
@@ -43,13 +44,14 @@ class Run:
         return [ended[i] for i in range(len(self.procs))]
 
     def err(self, i: int) -> str:
-        """Machine ``i``'s launcher's stderr."""
-        return (self.out / f"machine{i}.err").read_text(errors="replace")
+        """Machine ``i``'s launcher's stderr (``i``: the machine rank)."""
+        path = self.out / f"machine{i}.err"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def logs(self) -> str:
         """Both machines' output, for failure messages."""
         return "\n".join(f"==== machine {i} stderr (exit {p.returncode}):\n{self.err(i)[-4000:]}"
-                         for i, p in enumerate(self.procs))
+                         for i, p in zip(self.ranks, self.procs))
 
     def steps(self, rank: int) -> list[float]:
         """When rank ``rank`` finished each step."""
@@ -57,9 +59,10 @@ class Run:
         return [float(line.split()[2]) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def launch(cluster: Cluster, out: Path, *job_args: str, machines: int = 2, flags: tuple[str, ...] = ()) -> Run:
+def launch(cluster: Cluster, out: Path, *job_args: str, machines: int = 2, flags: tuple[str, ...] = (),
+           only: int | None = None, port: int = 29500) -> Run:
     """``overdrive launch`` of the job on the first ``machines`` machines, 2 processes each, meeting at
-    machine 0 (a launch's output files replace the previous launch's)."""
+    machine 0 (a launch's output files replace the previous launch's); ``only``: start that machine alone."""
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "GROUP_RANK", "MASTER_", "TORCHELASTIC", "SLURM_",
@@ -67,12 +70,13 @@ def launch(cluster: Cluster, out: Path, *job_args: str, machines: int = 2, flags
     env.update(PYTHONPATH=f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1", TMPDIR=str(out), OVERDRIVE_CONFIG_FILE=str(out / "none.yaml"))
     procs = []
-    for i in range(machines):
+    ranks = list(range(machines)) if only is None else [only]
+    for i in ranks:
         argv = [sys.executable, "-m", "overdrive.cli", "launch", "--cpu", "--num_processes", str(2 * machines),
                 "--num_machines", str(machines), "--machine_rank", str(i), "--main_process_ip", cluster.address(0),
-                "--main_process_port", "29500", *flags, str(JOB), str(out), *job_args]
+                "--main_process_port", str(port), *flags, str(JOB), str(out), *job_args]
         procs.append(cluster.start(i, argv, env, out / f"machine{i}.out", out / f"machine{i}.err"))
-    return Run(procs, out, time.time())
+    return Run(procs, out, time.time(), ranks)
 
 
 def no_processes_left(cluster: Cluster, seconds: float = 5.0) -> bool:
@@ -190,3 +194,24 @@ def test_lost_machine_is_named_and_the_run_resumes_on_the_machine_left(cluster, 
     got = torch.load(tmp_path / "run" / "weights.pt")
     for name, want in reference_weights(steps).items():
         torch.testing.assert_close(got[name], want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_a_machine_that_never_joins_is_named_within_the_rendezvous_timeout(cluster, tmp_path):
+    # machine 0 alone (machine 1 never starts), and, on another port, machine 1 alone (machine 0 never starts)
+    flags = ("--rdzv_conf", "timeout=15")
+    alone0 = launch(cluster, tmp_path / "a", flags=flags, only=0, port=29500)
+    alone1 = launch(cluster, tmp_path / "b", flags=flags, only=1, port=29501)
+    ended = [alone0.wait(120)[0] - alone0.started, alone1.wait(120)[0] - alone1.started]
+    print(f"the rendezvous failed after {ended[0]:.1f} s (machine 0) and {ended[1]:.1f} s (machine 1), "
+          "timeout 15 s")
+    assert alone0.procs[0].returncode == 1 and alone1.procs[0].returncode == 1
+    where = f"{cluster.address(0)}:"
+    assert f"overdrive launch: machine 1 did not join the job at {where}29500 (1 of 2 machines came" in \
+        alone0.err(0), alone0.err(0)
+    assert f"overdrive launch: machine 0 could not be reached at {where}29501 from machine 1" in alone1.err(1), \
+        alone1.err(1)
+    # machine 0 ends ~timeout + 10 s (25.8 s measured); machine 1's agent tries the store more than once
+    # (43.1 s measured with a 15 s timeout): torchrun's own retries, bounded here generously
+    assert ended[0] < 15 + 30 and ended[1] < 3 * 15 + 30
+    assert no_processes_left(cluster)

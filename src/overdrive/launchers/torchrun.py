@@ -205,13 +205,35 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
         # e.g. DistNetworkError: the port is taken, or the main machine cannot be reached
         port = f" (main_process_port {plan.main_process_port})" if plan.main_process_port else ""
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        print(f"overdrive launch: torchrun could not start the processes{port}: {type(err).__name__}: {first} "
+        missing = describe_missing_machines(plan, first)
+        print(f"overdrive launch: {missing}" if missing else
+              f"overdrive launch: torchrun could not start the processes{port}: {type(err).__name__}: {first} "
               "(--debug shows the whole traceback)", file=sys.stderr, flush=True)
         return 1
     finally:
         _stop(copier)
         if not plan.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def describe_missing_machines(plan: LaunchPlan, error: str) -> str | None:
+    """The machines that did not join (or could not be reached) when the static rendezvous failed, from
+    torchrun's error text; None for another error."""
+    where = f"{plan.main_process_ip}:{plan.main_process_port or 29500}"
+    joined = re.search(r"(\d+)/(\d+) clients joined", error)
+    if joined and plan.machine_rank == 0:
+        came, wanted = int(joined[1]), int(joined[2])
+        others = list(range(1, plan.num_machines))
+        who = (f"machine {others[0]}" if len(others) == 1 else
+               f"{wanted - came} of machines {', '.join(map(str, others))}")
+        return (f"{who} did not join the job at {where} ({came} of {wanted} machines came within the rendezvous "
+                f"timeout: {error}); start 'overdrive launch --machine_rank R ...' on every machine, with "
+                f"--main_process_ip {plan.main_process_ip} reachable from each (check with 'overdrive doctor')")
+    if plan.machine_rank != 0 and re.search(r"(timed out|timeout|refused|unreachable)", error, re.I):
+        return (f"machine 0 could not be reached at {where} from machine {plan.machine_rank} ({error}); start "
+                "machine 0's 'overdrive launch --machine_rank 0 ...', and check --main_process_ip / "
+                "--main_process_port and the network between the machines ('overdrive doctor')")
+    return None
 
 
 _REAPER = """
