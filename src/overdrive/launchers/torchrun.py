@@ -145,8 +145,11 @@ def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
 def quiet_torchelastic(debug: bool) -> Iterator[None]:
     """torchelastic logs every start, every SIGTERM it sends and every failure in a long block; the
     launchers report failures themselves, so only ``debug`` shows those lines (levels restored after)."""
-    names = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher",
-             "torch.multiprocessing")
+    prefixes = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher",
+                "torch.multiprocessing")
+    # torchelastic sets a level on each module's own logger ("Received 2 death signal" on Ctrl-C came from
+    # one), so the parents' level alone does not quiet them
+    names = [*prefixes, *(name for name in logging.root.manager.loggerDict if name.startswith(prefixes))]
     saved = {name: logging.getLogger(name).level for name in names}
     for name in names:
         logging.getLogger(name).setLevel(logging.INFO if debug else logging.CRITICAL)

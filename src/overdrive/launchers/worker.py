@@ -17,6 +17,7 @@ import os
 import runpy
 import signal
 import sys
+from types import TracebackType
 
 from overdrive.launchers.protocol import LAUNCHER_PID_VAR
 
@@ -49,12 +50,30 @@ def main(argv: list[str] | None = None) -> None:
     if kind == "program":
         os.execvp(target, [target, *args])  # the parent-death signal survives exec
     sys.argv = [target, *args]
-    if kind == "module":
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
+    if kind == "script":
         # as ``python script.py``: the script's folder first on sys.path (in place of this module's)
         sys.path[0] = os.path.dirname(os.path.abspath(target))
-        runpy.run_path(target, run_name="__main__")
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every rank through the launcher, which says so in one line: no traceback per rank
+        raise SystemExit(128 + signal.SIGINT) from None
+    except Exception as exc:
+        # the traceback as ``python script.py`` shows it: from the user's code, without this module and runpy
+        trimmed = user_frames(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)  # torch's hook reads __traceback__
+        raise SystemExit(1) from None
+
+
+def user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its leading frames of this module and of runpy (the launcher's plumbing)."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or tb.tb_frame.f_code.co_filename.endswith("runpy>")):
+        tb = tb.tb_next
+    return tb
 
 
 if __name__ == "__main__":

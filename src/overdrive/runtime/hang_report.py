@@ -62,7 +62,13 @@ def hang(rank: int, timeout_s: float, own: dict[str, Any], answers: dict[int, di
                                        else "no rank is behind (a mismatched collective?)") + "."]
         lines += [f"overdrive: {describe_machine(m)} did not answer: it cannot be reached from here (a network "
                   "partition) or it is lost." for m in lost]
-    for r in world:
+    if hung:
+        lines.append(f"overdrive: what to do: see below where {_ranks(hung)} {'is' if len(hung) == 1 else 'are'} "
+                     f"instead of in {name} (a rank that skipped or reordered a collective, or work that never "
+                     "ends); if that work is only slow, raise the limit: overdrive launch --timeout SECONDS, or "
+                     "InitProcessGroupKwargs(timeout=...).")
+    # the ranks that did not arrive first: their stacks are the answer, the waiting ranks' come after
+    for r in sorted(world, key=lambda r: (r not in hung, r)):
         answer = answers.get(r)
         at = f"issued {seqs[r]} collectives" if seqs[r] is not None else "sent no heartbeat"
         rlast = (answer or {}).get("last") or {}

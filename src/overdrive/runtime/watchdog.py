@@ -131,6 +131,9 @@ def _last_collective() -> dict[str, Any] | None:
     return {"name": str(last.get("profiling_name", "?")), "seq": int(last.get("collective_seq_id", -1))}
 
 
+_TORCH_DIR = f"{os.sep}torch{os.sep}"
+
+
 def _format(frames: traceback.StackSummary) -> str:
     """Stack lines, without the frames of the launcher's entry point that come before the user's script."""
     kept = list(frames)
@@ -138,8 +141,16 @@ def _format(frames: traceback.StackSummary) -> str:
     if starts and starts[0] == 0:
         first = next((i for i in range(len(kept)) if i not in starts), len(kept))
         kept = kept[first:]
-    return "".join("    " + line for line in "".join(traceback.StackSummary.from_list(kept).format())
-                   .splitlines(True))
+    lines = []
+    for index, frame in enumerate(kept):  # a run of torch's own frames is shown by its first
+        in_torch = _TORCH_DIR in frame.filename
+        if in_torch and index and _TORCH_DIR in kept[index - 1].filename:
+            continue
+        lines += traceback.StackSummary.from_list([frame]).format()
+        run = next((i for i in range(index + 1, len(kept)) if _TORCH_DIR not in kept[i].filename), len(kept))
+        if in_torch and run - index > 1:
+            lines.append(f"  ... {run - index - 1} more frames inside torch\n")
+    return "".join("    " + line for line in "".join(lines).splitlines(True))
 
 
 def _stacks(skip: int | None = None) -> str:

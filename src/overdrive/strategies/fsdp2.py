@@ -11,6 +11,7 @@ moved to the meta device, sharded, then filled from rank 0.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import weakref
 from collections.abc import Iterable, Iterator
@@ -177,6 +178,20 @@ def _by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
+@contextlib.contextmanager
+def _quiet_redistribute() -> Iterator[None]:
+    """Without DTensor's warning that a norm partial over a 2-D mesh takes two sequential all-reduces: each
+    rank printed 400 characters of it on every clip, and the user cannot act on it (the reductions are
+    exact: sums of powers, then the root)."""
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def total_grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     """The norm of all ``grads`` together, as a plain tensor equal on every process.
 
@@ -189,8 +204,9 @@ def total_grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor
     norm_type = float(norm_type)
     norms = []
     for group in _by_mesh(grads):
-        norm = torch.nn.utils.get_total_norm(group, norm_type)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        with _quiet_redistribute():  # stacking the per-tensor norm partials redistributes them too
+            norm = torch.nn.utils.get_total_norm(group, norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if not norms:
         return torch.tensor(0.0)
     device = norms[0].device

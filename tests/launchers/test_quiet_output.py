@@ -1,0 +1,92 @@
+"""Fault output that leads with what matters: a worker's traceback starts at the user's code (no launcher
+frames), Ctrl-C ends the job with one line, and a warning the user cannot act on is not printed by every rank.
+Real processes, started by ``overdrive launch`` as a user would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_cli import clean_env, overdrive
+
+pytestmark = pytest.mark.multiprocess
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_traceback_starts_at_the_users_code(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("from overdrive import Accelerator\naccelerator = Accelerator()\n\n"
+                      "def step():\n    raise ValueError(f'bad batch on rank {accelerator.process_index}')\n\n"
+                      "step()\n")
+    result = overdrive("launch", "--cpu", "--num_processes", "2", str(script), env=clean_env(tmp_path), timeout=140)
+    assert result.returncode == 1, result.stderr
+    first = result.stderr.split("Traceback (most recent call last):\n", 1)[1].splitlines()[0]
+    assert first.endswith(f'File "{script}", line 7, in <module>'), result.stderr
+    assert "worker.py" not in result.stderr and "runpy" not in result.stderr
+    assert "ValueError: bad batch on rank 0" in result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_ends_the_job_with_one_line(tmp_path):
+    script = tmp_path / "long.py"
+    script.write_text("import time\nfrom overdrive import Accelerator\nAccelerator()\nprint('READY', flush=True)\n"
+                      "time.sleep(300)\n")
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        # its own process group, as a shell's foreground job: Ctrl-C sends SIGINT to that group
+        launcher = subprocess.Popen([sys.executable, "-m", "overdrive.cli", "launch", "--cpu", "--num_processes", "2",
+                                     str(script)], stdout=stdout, stderr=stderr, env=clean_env(tmp_path),
+                                    start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while out.read_text().count("READY") < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert out.read_text().count("READY") == 2, err.read_text()
+            os.killpg(launcher.pid, signal.SIGINT)
+            code = launcher.wait(timeout=60)
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+    assert code == 128 + signal.SIGINT
+    assert err.read_text().splitlines() == ["overdrive launch: starting 2 CPU processes on gloo (no GPU found)",
+                                            "overdrive launch: stopped by SIGINT; the workers were stopped"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_readme_tensor_parallel_run_prints_no_warning_per_rank(tmp_path):
+    result = overdrive("launch", "--num_processes", "4", str(ROOT / "examples" / "tiny_lm.py"), "--dp-shard", "2",
+                       "--tp", "2", "--steps", "2", env=clean_env(tmp_path), timeout=380)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "While redistributing" not in result.stderr and "_NormPartial" not in result.stderr
+
+
+def test_the_hang_report_leads_with_the_rank_the_collective_and_what_to_do():
+    import traceback
+
+    from overdrive.runtime import hang_report
+    from overdrive.runtime.watchdog import _format
+
+    last = {"name": "gloo:all_reduce", "seq": 8}
+    answers = {0: {"seq": 8, "last": last, "stack": "  thread MainThread:\n    waiting"},
+               1: {"seq": 7, "last": {"name": "gloo:all_reduce", "seq": 7}, "stack": "  thread MainThread:\n    asleep"}}
+    report = hang_report.hang(0, 8.0, {"seq": 8, "last": last}, answers, {0: 8, 1: 7}, {})
+    lines = report["text"].splitlines()
+    assert lines[0] == ("overdrive: hang detected: rank 0 waited 8 s in collective #8 (gloo:all_reduce) and timed "
+                        "out; rank 1 did not arrive.")
+    assert lines[1].startswith("overdrive: what to do: see below where rank 1 is instead of in gloo:all_reduce")
+    assert "--timeout SECONDS" in lines[1]
+    assert report["text"].index("-- rank 1:") < report["text"].index("-- rank 0:")  # the hung rank's stack first
+    frames = traceback.StackSummary.from_list(
+        [("/work/train.py", 3, "<module>", "loss.backward()")]
+        + [(f"/venv/site-packages/torch/autograd/m{i}.py", i, "f", "x") for i in range(4)])
+    text = _format(frames)
+    assert "train.py" in text and "torch/autograd/m0.py" in text and "m1.py" not in text
+    assert "... 3 more frames inside torch" in text
