@@ -221,8 +221,8 @@ def test_bad_device_maps_change_nothing(saved: tuple, tmp_path: Path) -> None:
     model = copy.deepcopy(reference)
     torch.nn.init.zeros_(model.lm_head.weight)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    unknown = {**HALF_ON_DISK, "model.layers.9": "cpu"}
-    with pytest.raises(ValueError, match=r"names \['model.layers.9'\]"):
+    unknown = {**HALF_ON_DISK, "model.layers.9": "cpu", "model.layers.2": None}  # None: no device
+    with pytest.warns(UserWarning, match=r"\[.model.layers.9.\]"), pytest.raises(ValueError, match="model.layers.2"):
         load_checkpoint_in_model(model, folder, device_map=unknown, offload_folder=tmp_path)
     partial = {k: v for k, v in HALF_ON_DISK.items() if k != "model.layers.2"}
     with pytest.raises(ValueError, match="no device for these tensors: model.layers.2"):

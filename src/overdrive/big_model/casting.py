@@ -44,15 +44,12 @@ def attach_layerwise_casting_hooks(module: nn.Module, storage_dtype: torch.dtype
                                    skip_modules_pattern: str | tuple[str, ...] | None = None,
                                    skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
                                    non_blocking: bool = False) -> None:
-    """Cast every Linear / Conv layer of ``module`` (or ``module`` itself when nothing is skipped) this way,
-    except layers whose name matches a ``skip_modules_pattern`` regex or whose class is skipped.
+    """Cast every Linear / Conv layer of ``module`` this way (other layers, e.g. norms, keep their dtype, as in
+    Accelerate), except layers whose name matches a ``skip_modules_pattern`` regex or whose class is skipped.
 
     Example:
         >>> attach_layerwise_casting_hooks(model, torch.float8_e4m3fn, torch.bfloat16, skip_modules_pattern=("norm",))
     """
-    if skip_modules_pattern is None and skip_modules_classes is None:
-        add_hook_to_module(module, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
-        return
     patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else skip_modules_pattern
     _attach(module, storage_dtype, compute_dtype, patterns, skip_modules_classes, non_blocking, "")
 

@@ -155,14 +155,11 @@ def dispatch_model(model: nn.Module, device_map: Mapping[str, Any], main_device:
     _device_map_check()(model, device_map)
     disk = _check_disk(device_map, offload_dir, offload_index)
     devices = set(device_map.values())
-    if len(devices) > 1 or force_hooks:
+    if len(devices) > 1 or "disk" in devices or force_hooks:  # a model all on disk runs from it (as Accelerate)
         _hook_model(model, device_map, _main_device(device_map, main_device), state_dict, offload_dir,
                     offload_index, offload_buffers, skip_keys, preload_module_classes, disk)
     else:
         (device,) = devices
-        if device == "disk":
-            raise ValueError("the device_map puts the whole model on 'disk'; use disk_offload(model, folder) "
-                             "to run a model entirely from disk")
         model.to(resolve_device(device))
     setattr(model, "hf_device_map", dict(device_map))  # noqa: B010 - a plain attribute, as transformers reads it
     return model

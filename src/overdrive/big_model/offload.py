@@ -42,6 +42,9 @@ def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str |
     if weight.dtype == torch.bfloat16:  # numpy has no bfloat16: store the bits as int16
         weight = weight.view(torch.int16)
         dtype_name = "bfloat16"
+    elif str(weight.dtype).startswith("torch.float8_"):  # nor fp8: store the bytes as int8 (Accelerate's index)
+        dtype_name = str(weight.dtype).split(".")[1]
+        weight = weight.view(torch.int8)
     array = weight.cpu().numpy()
     if index is not None:
         index[weight_name] = {"dtype": dtype_name or str(array.dtype), "shape": list(array.shape)}
@@ -60,13 +63,15 @@ def load_offloaded_weight(weight_file: str | os.PathLike[str], weight_info: Mapp
     """Read one ``.dat`` weight. ``copy=False`` returns a zero-copy view of a private memory map (what
     the offload hooks use: the data is paged in by the forward that reads it)."""
     shape = tuple(weight_info["shape"]) or (1,)
-    stored = "int16" if weight_info["dtype"] == "bfloat16" else weight_info["dtype"]
+    name = weight_info["dtype"]
+    fp8 = name.startswith("float8_")
+    stored = "int16" if name == "bfloat16" else "int8" if fp8 else name
     mapped = np.memmap(weight_file, dtype=stored, shape=shape, mode="c")
     tensor = torch.tensor(mapped) if copy else torch.from_numpy(mapped)
     if not weight_info["shape"]:
         tensor = tensor[0]
-    if weight_info["dtype"] == "bfloat16":
-        tensor = tensor.view(torch.bfloat16)
+    if name == "bfloat16" or fp8:
+        tensor = tensor.view(getattr(torch, name))
     return tensor
 
 

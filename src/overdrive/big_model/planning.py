@@ -10,6 +10,7 @@ offloaded layer is brought there to run. The planner works from shapes only: dev
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -100,6 +101,8 @@ class _Planner:
         self.tied = find_tied_parameters(model)
         self.used = dict.fromkeys(self.devices, 0)
         self.buffers: dict[DeviceKey, int] = {}
+        #: devices left empty because the next module did not fit: the bytes that module needed there
+        self.minimum: dict[DeviceKey, int] = {}
         self.todo: list[tuple[str, Any]] = (list(model.named_parameters(recurse=False)) +
                                             list(model.named_children()) + list(model.named_buffers(recurse=False)))
         self.device_map: OrderedDict[str, DeviceKey] = OrderedDict()
@@ -173,6 +176,8 @@ class _Planner:
                 self.todo = [(found, found_module), (name, module)] + rest
                 return
         self.say(f"Not enough space on {device} for {name} (size {with_ties}); moving to the next device.")
+        if self.used[device] == 0 and device != "disk":
+            self.minimum[device] = with_ties + reserved
         self.used[device] += reserved
         self.current += 1
         self.todo.insert(0, (name, module))
@@ -220,6 +225,11 @@ def infer_auto_device_map(model: nn.Module, max_memory: dict[DeviceKey, int | st
         planner.step()
     device_map = clean_device_map(planner.device_map) if clean_result else planner.device_map
     _warn_buffers(planner)
+    if planner.minimum:
+        needed = "\n".join(f"  - {device}: {size} bytes required" for device, size in planner.minimum.items())
+        logger.info("No module could be assigned to these devices because of insufficient memory:\n%s\nThe "
+                    "numbers are for this plan; give those devices at least that much memory, or pass "
+                    "fallback_allocation=True to put a smaller module there first.", needed)
     return dict(device_map)
 
 
@@ -229,9 +239,9 @@ def _warn_buffers(planner: _Planner) -> None:
     if offloaded and not planner.offload_buffers and accelerators:
         fits = any(planner.memory[d] >= offloaded + planner.used.get(d, 0) for d in accelerators)
         if not fits:
-            logger.warning("The offloaded layers hold %d bytes of buffers that must stay on an accelerator, "
-                           "which seems not to fit; pass offload_buffers=True if you run out of memory.",
-                           offloaded)
+            warnings.warn(f"The offloaded layers hold {offloaded} bytes of buffers that must stay on an "
+                          "accelerator, which seems not to fit any accelerator's remaining memory; pass "
+                          "offload_buffers=True if you run out of memory.", stacklevel=3)
 
 
 def _module_tensor_names(model: nn.Module) -> tuple[set[str], list[str]]:
@@ -287,16 +297,15 @@ def _outside(name: str, tied_parameters: list[list[str]]) -> list[str]:
 
 
 def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
-    """Raise if ``device_map`` names something ``model`` does not have, or leaves a tensor without a device.
-
-    Both problems are listed in full, before anything is moved.
-    """
+    """Raise if ``device_map`` leaves a tensor of ``model`` without a device (listing them all, before anything
+    is moved); warn (``UserWarning``, as Accelerate does) about keys that name nothing in the model."""
     known, tensors = _module_tensor_names(model)
     unknown = [name for name in device_map if name not in known]
     problems = []
     if unknown:
-        problems.append(f"the device_map names {unknown}, which the model ({type(model).__name__}) does not have; "
-                        f"keys must be module, parameter or buffer names such as {_examples(model)}")
+        warnings.warn(f"device_map keys do not match any submodules in the model: {unknown} are not in "
+                      f"{type(model).__name__}, and are ignored; keys are module, parameter or buffer names such "
+                      f"as {_examples(model)}", UserWarning, stacklevel=2)
     if "" not in device_map:
         state = set(model.state_dict(keep_vars=True))
         missing = [t for t in tensors if t in state and not _covered(t, device_map)]

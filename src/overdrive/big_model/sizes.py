@@ -185,7 +185,8 @@ def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
 
 def get_module_size_with_ties(tied_params: list[str], module_size: int, module_sizes: Mapping[str, int],
                               modules_to_treat: list[tuple[str, Any]]) -> tuple[int, list[str], list[Any]]:
-    """``module_size`` plus the sizes of the not-yet-placed modules holding ``tied_params``, and those modules."""
+    """``module_size`` plus the sizes of the not-yet-placed modules holding ``tied_params`` (less the tied
+    parameters themselves, which ``module_size`` already counts once), and those modules."""
     total, names, modules = module_size, [], []
     for param in tied_params:
         for name, module in modules_to_treat:
@@ -194,6 +195,7 @@ def get_module_size_with_ties(tied_params: list[str], module_size: int, module_s
                     names.append(name)
                     modules.append(module)
                     total += module_sizes[name]
+                total -= module_sizes.get(param, 0)
                 break
     return total, names, modules
 

@@ -75,7 +75,14 @@ def save_model(model: nn.Module, save_directory: str | os.PathLike, max_shard_si
     Every process must call it under FSDP2 and ZeRO-3 (the weights are gathered); only the main process writes.
     """
     limit = parse_size(max_shard_size)
-    state = get_state_dict(model, engine=engine)
+    from overdrive.big_model.hooks import has_offloaded_params
+
+    if any(has_offloaded_params(module) for module in model.modules()):  # weights on disk / CPU behind hooks
+        from overdrive.big_model.state_dicts import get_state_dict_offloaded_model
+
+        state = get_state_dict_offloaded_model(model)
+    else:
+        state = get_state_dict(model, engine=engine)
     if not is_main_process:
         return []
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

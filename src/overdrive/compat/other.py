@@ -278,3 +278,19 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     if not native_amp or state.mixed_precision not in dtypes:
         return contextlib.nullcontext()
     return torch.autocast(device_type=state.device.type, dtype=dtypes[state.mixed_precision], **kwargs)
+
+
+def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+    """Accelerate's check before Ulysses sequence parallelism: a ``ValueError`` naming the layer types of
+    ``model.config.layer_types`` that carry a recurrent state along the sequence (linear attention), which a
+    sharded sequence would restart on every rank. (overdrive refuses sequence parallelism itself; the check is
+    kept for code that calls it.)"""
+    config: Any = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    layer_types = getattr(config, "layer_types", None) or []
+    recurrent = sorted({kind for kind in layer_types if "linear_attention" in kind})
+    if recurrent:
+        raise ValueError(f"sequence parallelism cannot shard layers of type {recurrent} (model "
+                         f"{type(model).__name__}): they carry a recurrent state along the sequence, which every "
+                         "rank would restart; use a full-attention model or no sequence parallelism")
