@@ -146,3 +146,27 @@ def test_init_process_group_kwargs_timeout_reaches_the_group_and_the_watchdog():
     import torch
 
     assert default_timeout(torch.device("cpu")).total_seconds() == 180  # far below torch's 10 minutes
+
+
+@pytest.mark.timeout(150)
+def test_a_stall_outside_collectives_is_reported_with_every_stack(tmp_path):
+    # every rank sleeps in Python after a barrier: no collective waits, so no timeout can fire; before
+    # --stall_timeout the job ran until the outer timeout
+    work = tmp_path / "work"
+    work.mkdir()
+    started = time.time()
+    result = overdrive("launch", "--cpu", "--num_processes", "2", "--stall_timeout", "5", str(SCRIPTS / "forever.py"),
+                       str(work), env=clean_env(tmp_path), timeout=140)
+    ended = time.time()
+    err = result.stderr
+    assert result.returncode != 0, err
+    pids = sorted(int(p.read_text()) for p in work.glob("pid_*"))
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
+    assert "overdrive: stall detected: no rank issued a collective for 5 s (--stall_timeout)" in err, err
+    for rank in (0, 1):
+        stack = err.split(f"-- rank {rank} on ")[1].split("-- rank")[0]
+        assert "time.sleep(0.1)" in stack and "forever.py" in stack  # where each rank waits
+    assert "overdrive launch: the job stalled: no rank issued a collective for 5 s" in err
+    files_at = min(p.stat().st_mtime for p in work.glob("pid_*"))
+    assert ended - files_at < 5 + 20, f"reported {ended - files_at:.1f} s after the ranks started waiting"
+    assert started < files_at

@@ -26,6 +26,7 @@ CONFIG_KEYS: dict[str, str | None] = {
     "max_restarts": "max_restarts", "monitor_interval": None, "gpu_ids": "gpu_ids",
     "mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
     "num_cpu_threads_per_process": "num_cpu_threads_per_process", "debug": "debug", "timeout": None,
+    "stall_timeout": None,
 }
 
 # config keys handed to the workers as they are, when the file has them
@@ -78,6 +79,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(dist, "timeout", metavar="SECONDS",
              help="how long a collective waits for every rank before the job ends with a hang report naming the "
                   "rank that did not arrive (default: 180 on the CPU, 600 on GPUs)")
+    add_flag(dist, "stall_timeout", metavar="SECONDS",
+             help="end the job with every rank's stack when no rank has issued a collective for this long "
+                  "(a hang outside collectives, which no timeout catches; default: off)")
     add_flag(dist, "log_dir", metavar="DIR", help="keep each worker's logs here (default: a temporary directory)")
     add_flag(dist, "tee", "-t", metavar="STREAMS",
              help="torchrun's --tee: 1 stdout, 2 stderr, 3 both, to log files and the console with a prefix")
@@ -326,6 +330,9 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     timeout = pick("timeout", cf._float, None)
     if timeout.value is not None and not timeout.value > 0:
         problems.append(f"--timeout {timeout.value}: give a number of seconds above 0")
+    stall = pick("stall_timeout", cf._float, None)
+    if stall.value is not None and not stall.value > 0:
+        problems.append(f"--stall_timeout {stall.value}: give a number of seconds above 0")
     dynamo = _dynamo_backend(args, config, source, problems)
 
     if not problems and (device is not None or num_processes.source != "default"):
@@ -355,6 +362,8 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     )
     if timeout.value is not None:
         worker_config["timeout"] = timeout.value
+    if stall.value is not None:
+        worker_config["stall_timeout"] = stall.value
     plan = LaunchPlan(
         num_processes=num_processes.value, num_machines=num_machines.value, machine_rank=machine_rank.value,
         main_process_ip=ip.value, main_process_port=port.value, rdzv_backend=rdzv.value,

@@ -460,6 +460,11 @@ def describe_hang(report: dict[str, Any], failures: Mapping[int, Any], restarts:
     hung = report.get("hung_ranks") or []
     who = f"rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))}" if hung else "no rank could be named"
     waited = report.get("waiting_rank")
+    if report.get("cause") == "stall":
+        return "\n".join([f"overdrive launch: the job stalled{restarts}: no rank issued a collective for "
+                          f"{report.get('timeout_s', 0):g} s (--stall_timeout); every rank's Python stack is in the "
+                          "report above (overdrive: stall detected ...); the job was stopped."]
+                         + [f"  rank {rank}: {describe_exit(failures[rank].exitcode)}" for rank in sorted(failures)])
     machine_lines = _machine_lines(report, restarts)
     if machine_lines:
         return "\n".join(machine_lines + [f"  rank {rank}: {describe_exit(failures[rank].exitcode)}"

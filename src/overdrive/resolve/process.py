@@ -23,6 +23,8 @@ class ProcessPlan:
     backend: str | None
     timeout: timedelta | None = None
     debug: bool = False
+    #: end the job with every rank's stack when no rank issued a collective for this long (None: off)
+    stall_timeout: float | None = None
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -45,7 +47,7 @@ class ProcessPlan:
         if self.info.is_distributed:  # one process joins no group (and loads no process-group module)
             from overdrive.runtime.process_group import ensure_process_group
 
-            ensure_process_group(self.info, self.device, self.backend, self.timeout)
+            ensure_process_group(self.info, self.device, self.backend, self.timeout, self.stall_timeout)
 
 
 def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> ProcessPlan:
@@ -61,4 +63,5 @@ def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | Non
     timeout = init_kwargs.timeout
     if timeout is None and launched.get("timeout"):  # overdrive launch --timeout
         timeout = timedelta(seconds=float(launched["timeout"]))
-    return ProcessPlan(info=info, device=device, backend=backend, timeout=timeout, debug=debug)
+    stall = float(launched["stall_timeout"]) if launched.get("stall_timeout") else None  # --stall_timeout
+    return ProcessPlan(info=info, device=device, backend=backend, timeout=timeout, debug=debug, stall_timeout=stall)

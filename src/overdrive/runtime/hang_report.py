@@ -99,3 +99,19 @@ def unreachable(rank: int, timeout_s: float, own: dict[str, Any], store_address:
     return {"text": text, "waiting_rank": rank, "hung_ranks": main["ranks"] if main else [], "collective": name,
             "seq": seq, "timeout_s": timeout_s, "cause": cause, "unreachable": main or {"machine": None, "host": "?",
                                                                           "address": store_host, "ranks": []}}
+
+
+def stall(rank: int, stall_timeout: float, answers: dict[int, dict[str, Any]], world_size: int,
+          places: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The report of a job in which no rank issued a collective for ``stall_timeout`` s: every rank's stack."""
+    lines = [f"overdrive: stall detected: no rank issued a collective for {stall_timeout:g} s (--stall_timeout); "
+             "every rank waits outside collectives. Where each rank is:"]
+    for r in range(world_size):
+        answer = answers.get(r)
+        place = places.get(r) or {}
+        where = f" on {place['host']}" if place.get("host") else ""
+        lines.append(f"-- rank {r}{where}: issued {answer['seq']} collectives" if answer
+                     else f"-- rank {r}{where}: no answer")
+        lines.append(answer["stack"] if answer else "  (its stack, if any, is in its own stderr)")
+    return {"text": "\n".join(lines), "waiting_rank": rank, "hung_ranks": [], "collective": None, "seq": None,
+            "timeout_s": stall_timeout, "cause": "stall", "silent": [r for r in range(world_size) if r not in answers]}

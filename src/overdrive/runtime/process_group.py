@@ -28,7 +28,7 @@ def default_timeout(device: torch.device) -> timedelta:
 
 
 def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str | None = None,
-                         timeout: timedelta | None = None) -> bool:
+                         timeout: timedelta | None = None, stall_timeout: float | None = None) -> bool:
     """Join the default process group unless there is one already; return whether one exists.
 
     The store is a client TCPStore under a prefix named after the restart attempt: a plain
@@ -52,7 +52,8 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
                             timeout=timeout, **kwargs)
     atexit.register(let_threads_settle)  # registered first, so it runs after the watchdog's exit hook
     watchdog.start(dist.distributed_c10d._get_default_group(), info.rank, info.world_size, info.master_addr,
-                   info.master_port, f"overdrive/attempt_{info.restart_count}", timeout, node_rank=info.node_rank)
+                   info.master_port, f"overdrive/attempt_{info.restart_count}", timeout, node_rank=info.node_rank,
+                   stall_timeout=stall_timeout)
     return True
 
 

@@ -168,12 +168,16 @@ class Watchdog:
     """The per-rank thread that publishes progress and answers hang requests (see the module docstring)."""
 
     def __init__(self, pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str,
-                 timeout: timedelta, interval: float = 1.0, node_rank: int = 0) -> None:
+                 timeout: timedelta, interval: float = 1.0, node_rank: int = 0,
+                 stall_timeout: float | None = None) -> None:
         self.pg, self.rank, self.world_size = pg, rank, world_size
         self.timeout = timeout
         self.interval = interval
         self.store_address = f"{host}:{port}"
         self.unreachable = False  # a store call missed its deadline: ask the store nothing more
+        self.stall_timeout = stall_timeout  # rank 0 watches for a job in which no rank issues collectives
+        self._seqs_seen: tuple[int, ...] = ()
+        self._changed_at = time.monotonic()
         self.exiting = False
         #: every rank's place {"pid", "host", "address", "machine"}, read by the thread once all are there
         self.places: dict[int, dict[str, Any]] = {}
@@ -213,8 +217,43 @@ class Watchdog:
                     self._read_places()
                 if not self._answered and self.store.check(["request"]):
                     self.answer(self.store, skip=threading.get_ident())
+                if self.stall_timeout and self.rank == 0 and self._stalled():
+                    self._report_stall()
             except Exception:  # noqa: BLE001 - the store (rank 0) is gone: the job is ending
                 return
+
+    def _stalled(self) -> bool:
+        """Whether no rank's collective count changed for ``stall_timeout`` seconds (the watchdog thread)."""
+        keys = [f"seq/{r}" for r in range(self.world_size)]
+        if not self.store.check(keys):
+            return False
+        seqs = tuple(int(v) for v in self.store.multi_get(keys))
+        now = time.monotonic()
+        if seqs != self._seqs_seen:
+            self._seqs_seen, self._changed_at = seqs, now
+        if now - self._changed_at <= (self.stall_timeout or 0):
+            return False
+        # a rank that ended (the others finishing on their own) is not a stall
+        return not any(self.store.check([f"exit/{r}"]) for r in range(self.world_size))
+
+    def _report_stall(self) -> None:
+        """Ask every rank for its stack (through the thread's own store client), print the report, end."""
+        if self.store.add("claim", 1) != 1:  # another rank is reporting a timeout already
+            self.stall_timeout = None
+            return
+        own = self._state(skip=threading.get_ident())
+        self.store.set(f"answer/{self.rank}", json.dumps(own))
+        self.store.set("request", str(self.rank))
+        answers = {self.rank: own}
+        deadline = time.monotonic() + _ANSWER_WAIT_S
+        while len(answers) < self.world_size and time.monotonic() < deadline:
+            for r in range(self.world_size):
+                if r not in answers and self.store.check([f"answer/{r}"]):
+                    answers[r] = json.loads(self.store.get(f"answer/{r}"))
+            time.sleep(0.1)
+        self._print(reports.stall(self.rank, self.stall_timeout or 0, answers, self.world_size, self.places))
+        self.store.set("report", str(self.rank))
+        os._exit(1)  # the job is hung: end it (the launcher stops the other processes and summarises)
 
     def _read_places(self) -> None:
         keys = [f"pid/{r}" for r in range(self.world_size)]
@@ -379,7 +418,7 @@ class Watchdog:
 
 
 def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str, timeout: timedelta,
-          node_rank: int = 0) -> None:
+          node_rank: int = 0, stall_timeout: float | None = None) -> None:
     """Start this process's watchdog and the hooks that report a timed-out collective (once per process)."""
     global _active
     if _active is not None:
@@ -388,7 +427,8 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     except (AttributeError, ValueError, RuntimeError):  # no SIGUSR1 (Windows) or not the main thread
         pass
-    _active = Watchdog(pg, rank, world_size, host, port, prefix, timeout, node_rank=node_rank)
+    _active = Watchdog(pg, rank, world_size, host, port, prefix, timeout, node_rank=node_rank,
+                       stall_timeout=stall_timeout)
     atexit.register(_mark_exit)
     previous = sys.excepthook
     if getattr(previous, "_overdrive_watchdog", False):
