@@ -50,29 +50,64 @@ def _config(size: dict[str, int]) -> Any:
                        num_key_value_heads=4, tie_word_embeddings=False, max_position_embeddings=512)
 
 
-def _rss() -> int:
+def _statm() -> tuple[int, int]:
+    """(resident, resident and file-backed) bytes of this process, from /proc/self/statm (cheap)."""
     with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        fields = statm.read().split()
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(fields[1]) * page, int(fields[2]) * page
+
+
+def _rss() -> int:
+    return _statm()[0]
+
+
+def _smaps() -> dict[str, int]:
+    """This process's /proc/self/smaps_rollup totals in bytes (Rss, Pss, Anonymous, Private_Dirty...)."""
+    values = {}
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                values[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    return values
+
+
+def _machine_used() -> int:
+    """Machine-wide used memory: MemTotal - MemAvailable (the page cache's reclaimable part left out)."""
+    info = {}
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            key, value = line.split(":")
+            info[key] = int(value.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
 
 
 class PeakRSS:
-    """Peak resident memory while the block runs, sampled every 2 ms."""
+    """Peak resident memory while the block runs, sampled every 2 ms: in all, private (anonymous) and
+    file-backed (page cache pages mapped by this process: shared, reclaimable)."""
 
     def __enter__(self) -> PeakRSS:
-        self.start = self.peak = _rss()
+        self.start, self.start_file = _statm()
+        self.peak, self.peak_private, self.peak_file = self.start, self.start - self.start_file, self.start_file
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
+    def _take(self) -> None:
+        rss, file = _statm()
+        self.peak, self.peak_private, self.peak_file = (max(self.peak, rss), max(self.peak_private, rss - file),
+                                                        max(self.peak_file, file))
+
     def _sample(self) -> None:
         while not self._stop.wait(0.002):
-            self.peak = max(self.peak, _rss())
+            self._take()
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _rss())
+        self._take()
 
 
 def _library(contender: str) -> Any:
@@ -128,6 +163,70 @@ def worker(contender: str, task: str, folder: str, size: dict[str, int], new_tok
     return result
 
 
+def ranks_worker(contender: str, folder: str, size: dict[str, int]) -> None:
+    """One of N processes loading the same checkpoint to the CPU at once: report smaps_rollup after
+    imports ("ready"), wait for the parent's go, load, run one forward, report again ("done"), wait to exit."""
+    import torch
+
+    library = _library(contender)
+    model = _empty_model(library, size)
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    print("ready " + json.dumps(_smaps()), flush=True)
+    sys.stdin.readline()
+    with PeakRSS() as memory:
+        start = time.perf_counter()
+        model = library.load_checkpoint_and_dispatch(model, folder, device_map={"": "cpu"})
+        load_s = time.perf_counter() - start
+    with torch.no_grad():
+        model(tokens)
+    after = _smaps()
+    print("done " + json.dumps({**after, "load_s": load_s, "peak_rss": memory.peak - memory.start,
+                                "peak_private": memory.peak_private - (memory.start - memory.start_file),
+                                "peak_file": memory.peak_file - memory.start_file}), flush=True)
+    sys.stdin.readline()
+
+
+def _run_ranks(contender: str, ranks: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """N processes of one contender loading to the CPU together: their memory above the level after imports,
+    and the machine's used memory (MemTotal - MemAvailable) before the go and once all have run a forward."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, __file__, "--ranks-worker", contender, str(folder), "--size", args.size]
+    procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(ranks)]
+
+    def message(proc: subprocess.Popen, tag: str) -> dict[str, Any]:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(tag + " "):
+                return json.loads(line[len(tag) + 1:])
+        raise RuntimeError(f"{contender} rank exited (code {proc.wait()}) before saying {tag!r}")
+
+    try:
+        ready = [message(proc, "ready") for proc in procs]
+        time.sleep(0.5)
+        used_before = _machine_used()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        done = [message(proc, "done") for proc in procs]
+        used_after = _machine_used()
+    finally:
+        for proc in procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=120)
+
+    def above(key: str) -> list[int]:
+        return [after[key] - before[key] for before, after in zip(ready, done)]
+
+    return {"ranks": ranks, "load_s": max(d["load_s"] for d in done),
+            "peak_private": max(d["peak_private"] for d in done), "peak_file": max(d["peak_file"] for d in done),
+            "private_after": max(above("Anonymous")),
+            "file_after": max(r - a for r, a in zip(above("Rss"), above("Anonymous"))),
+            "pss_sum": sum(above("Pss")), "machine_used": used_after - used_before}
+
+
 def _save_checkpoint(folder: Path, size: dict[str, int], shard_mb: int) -> dict[str, int]:
     import torch
     from transformers import LlamaForCausalLM
@@ -177,6 +276,27 @@ def _table(summary: dict[str, Any], facts: dict[str, int]) -> str:
     return "\n".join(rows) + notes
 
 
+def _memory_table(rows: dict[str, dict[int, dict[str, Any]]], facts: dict[str, int]) -> str:
+    mb, model = 1e6, facts["model_bytes"]
+    lines = ["| processes | contender | load (s) | peak private (MB) | peak file-backed (MB) | private after forward "
+             "(MB, % of model) | file-backed after forward (MB) | PSS sum of all processes (MB) | machine used (MB) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for ranks in sorted({r for by in rows.values() for r in by}):
+        for contender in ("overdrive", "accelerate"):
+            r = rows[contender][ranks]
+            lines.append(f"| {ranks} | {contender} | {r['load_s']:.2f} | {r['peak_private'] / mb:.0f} | "
+                         f"{r['peak_file'] / mb:.0f} | {r['private_after'] / mb:.0f} ({100 * r['private_after'] / model:.0f}%) | "
+                         f"{r['file_after'] / mb:.0f} | {r['pss_sum'] / mb:.0f} | {r['machine_used'] / mb:.0f} |")
+    notes = []
+    for contender in ("overdrive", "accelerate"):
+        by = rows[contender]
+        if 1 in by and max(by) > 1:
+            top = max(by)
+            notes.append(f"{contender}: {top} processes / 1 process: PSS sum x{by[top]['pss_sum'] / by[1]['pss_sum']:.2f}, "
+                         f"machine used x{by[top]['machine_used'] / max(by[1]['machine_used'], 1):.2f}")
+    return "\n".join(lines) + "\n" + "; ".join(notes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a ~140 MB model and 2 rounds")
@@ -185,9 +305,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--size", default=None, choices=list(SIZES))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--ranks", default="1,2,4", help="process counts for the memory table ('' to skip it)")
     parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "TASK", "FOLDER"), help=argparse.SUPPRESS)
+    parser.add_argument("--ranks-worker", nargs=2, metavar=("CONTENDER", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.size = args.size or ("quick" if args.quick else "full")
+    if args.ranks_worker:
+        ranks_worker(*args.ranks_worker, SIZES[args.size])
+        return
     if args.worker:
         contender, task, folder = args.worker
         print(json.dumps(worker(contender, task, folder, SIZES[args.size], args.new_tokens)))
@@ -195,6 +320,7 @@ def main() -> None:
     rounds = args.rounds or (2 if args.quick else 3)
     samples: dict[str, dict[str, list[float]]] = {c: {} for c in ("overdrive", "accelerate")}
     tokens: dict[str, list[int]] = {}
+    memory_rows: dict[str, dict[int, dict[str, Any]]] = {}
     load_avg_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-big-model-") as tmp:
         folder = Path(tmp)
@@ -215,8 +341,15 @@ def main() -> None:
                         tokens[contender] = result["tokens"]
                     print(f"round {round_index + 1} {task:8s} {contender:10s} "
                           f"{json.dumps({k: v for k, v in result.items() if k != 'tokens'})}", flush=True)
+        for ranks in [int(n) for n in args.ranks.split(",") if n]:
+            for contender in ("overdrive", "accelerate") if ranks % 2 else ("accelerate", "overdrive"):
+                result = _run_ranks(contender, ranks, folder, args)
+                memory_rows.setdefault(contender, {})[ranks] = result
+                print(f"ranks {ranks} {contender:10s} {json.dumps(result)}", flush=True)
     summary = {c: {k: statistics.median(v) for k, v in bucket.items()} for c, bucket in samples.items()}
     table = _table(summary, facts)
+    if memory_rows:
+        table += "\n\n" + _memory_table(memory_rows, facts)
     print("\n" + table)
     print(f"same greedy tokens: {tokens['overdrive'] == tokens['accelerate']}")
     import accelerate
@@ -224,7 +357,7 @@ def main() -> None:
     import transformers
 
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "facts": facts, "median": summary,
-              "samples": samples, "same_tokens": tokens["overdrive"] == tokens["accelerate"], "table": table,
+              "samples": samples, "memory": memory_rows, "same_tokens": tokens["overdrive"] == tokens["accelerate"], "table": table,
               "versions": {"torch": torch.__version__, "accelerate": accelerate.__version__,
                            "transformers": transformers.__version__, "python": platform.python_version()},
               "cpus": os.cpu_count(), "load_avg": {"start": load_avg_start, "end": os.getloadavg()}}

@@ -46,16 +46,17 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
 from interleave import interleaved_round  # noqa: E402
-from step_loops import LR, build_accelerator_loop, fresh_model, make_data  # noqa: E402 - step_overhead's MLP and loop
+from step_loops import LR, build_accelerator_loop, fresh_model, make_data, warmup  # noqa: E402 - step_overhead's MLP and loop
 
 BATCH, STEPS = 64, 100
 MODES = {"fp32": {}, "accumulate(4)": {"gradient_accumulation_steps": 4}, "bf16": {"mixed_precision": "bf16"}}
 TARGET_CALLS, TARGET_RATIO = 10, 1.01
 
 
-def plain_loop(mode: str, data: TensorDataset):
+def plain_loop(mode: str, data: TensorDataset, scheduler: bool = False):
     model = fresh_model("mlp")
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup) if scheduler else None
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     every = MODES[mode].get("gradient_accumulation_steps", 1)
     autocast = mode == "bf16"
@@ -71,19 +72,22 @@ def plain_loop(mode: str, data: TensorDataset):
             (loss / every if every > 1 else loss).backward()
             if i % every == 0:
                 optimizer.step()
+                if lr_scheduler is not None:
+                    lr_scheduler.step()
                 optimizer.zero_grad()
             yield x.shape[0]
 
     return micro_batches
 
 
-def overdrive_loop(mode: str, data: TensorDataset):
+def overdrive_loop(mode: str, data: TensorDataset, scheduler: bool = False):
     from overdrive import Accelerator
     from overdrive.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state()
     GradientState._reset_state()
-    return build_accelerator_loop(Accelerator(cpu=True, **MODES[mode]), "mlp", data, BATCH, micro_batches=True)[0]
+    return build_accelerator_loop(Accelerator(cpu=True, **MODES[mode]), "mlp", data, BATCH, micro_batches=True,
+                                  scheduler=scheduler)[0]
 
 
 def run_epoch(micro_batches) -> tuple[int, int]:
@@ -169,6 +173,8 @@ def main() -> None:
                         help="add an A/A row: the plain fp32 loop timed against a second copy of itself")
     parser.add_argument("--blocks", action="store_true",
                         help="time whole epochs in turn instead of interleaving the loops micro-batch by micro-batch")
+    parser.add_argument("--scheduler", action="store_true",
+                        help="both loops step a LambdaLR scheduler (overdrive's prepared, after every micro-batch)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = make_data("mlp", STEPS * BATCH)
@@ -180,7 +186,7 @@ def main() -> None:
           "extra | time / micro-batch plain µs | overdrive/plain [95% CI] | CPU time ratio | x1.01 |")
     print("|---|---|---|---|---|---|---|---|---|")
     for mode in args.modes:
-        plain, mine = plain_loop(mode, data), overdrive_loop(mode, data)
+        plain, mine = plain_loop(mode, data, args.scheduler), overdrive_loop(mode, data, args.scheduler)
         plain_calls, steps = count_calls(plain)
         my_calls, my_steps = count_calls(mine)
         assert steps == my_steps == STEPS, (steps, my_steps)
@@ -207,11 +213,12 @@ def main() -> None:
         print(f"| control: plain fp32 against itself | | | | | {timing['plain_us']:.1f} | "
               f"{timing['ratio']:.3f} [{low:.3f}-{high:.3f}] | | (the method's resolution) |")
         rows.append({"mode": "control (plain fp32 vs plain fp32)", **timing})
-    out = Path(__file__).parent / "results" / ("step_calls_blocks.json" if args.blocks else "step_calls.json")
+    name = "step_calls" + ("_blocks" if args.blocks else "") + ("_scheduler" if args.scheduler else "")
+    out = Path(__file__).parent / "results" / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit,
                                "load_avg_start_end": [load0, os.getloadavg()], "rounds": args.rounds,
-                               "timing": "blocks" if args.blocks else "interleaved",
+                               "timing": "blocks" if args.blocks else "interleaved", "scheduler": args.scheduler,
                                "torch": torch.__version__, "rows": rows}, indent=1))
 
 

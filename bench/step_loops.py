@@ -40,15 +40,25 @@ def make_data(workload: str, num_samples: int) -> TensorDataset:
     return TensorDataset(torch.randn(shape, generator=gen), torch.randint(0, 10, (num_samples,), generator=gen))
 
 
-def build_accelerator_loop(accelerator, workload, data, batch, micro_batches=False):
+def warmup(step: int) -> float:
+    """The LambdaLR factor of the loops with a scheduler: linear warm-up over 10 steps."""
+    return min(1.0, (step + 1) / 10)
+
+
+def build_accelerator_loop(accelerator, workload, data, batch, micro_batches=False, scheduler=False):
     """The loop as an Accelerate user writes it, for ``accelerator`` (overdrive's or Accelerate's).
 
     Returns ``(run_epoch, model)``; with ``micro_batches=True`` the first is instead a generator function
-    that runs one epoch and yields after each micro-batch (step_calls.py interleaves two loops with it)."""
+    that runs one epoch and yields after each micro-batch (step_calls.py interleaves two loops with it).
+    ``scheduler=True`` adds a prepared ``LambdaLR`` stepped after every micro-batch (it steps only when the
+    optimizer did, as in Accelerate)."""
     model = fresh_model(workload)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     loader = DataLoader(data, batch_size=batch, shuffle=True)
     prepared, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if scheduler:
+        lr_scheduler = accelerator.prepare(torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, warmup))
+        return _with_scheduler(accelerator, prepared, optimizer, loader, lr_scheduler), model
 
     def run_epoch():
         steps = 0
@@ -73,3 +83,17 @@ def build_accelerator_loop(accelerator, workload, data, batch, micro_batches=Fal
             yield x.shape[0]
 
     return (each_micro_batch if micro_batches else run_epoch), model
+
+
+def _with_scheduler(accelerator, prepared, optimizer, loader, lr_scheduler):
+    def each_micro_batch():
+        for x, y in loader:
+            with accelerator.accumulate(prepared):
+                loss = F.cross_entropy(prepared(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+            yield x.shape[0]
+
+    return each_micro_batch

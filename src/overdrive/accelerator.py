@@ -40,7 +40,7 @@ from overdrive.runtime.mesh import ParallelMesh
 from overdrive.scheduler import AcceleratedScheduler
 from overdrive.state import AcceleratorState, GradientState
 from overdrive.strategies import Strategy, create_strategy
-from overdrive.strategies.base import StrategyContext
+from overdrive.strategies.base import LocalGradients, StrategyContext
 from overdrive.transforms.hooks import HookRegistry
 from overdrive.utils.misc import _compiled_inner, _recompiled, extract_model_from_parallel
 
@@ -131,6 +131,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         self.scaler = self.precision.scaler
         # backward() calls loss.backward() itself when neither a loss scale nor an engine takes part
         self._loss_backward = self.scaler is None and not getattr(self.strategy, "owns_backward", True)
+        # the strategy's no_sync is the shared do-nothing context (one process, a pipeline, DeepSpeed):
+        # accumulate() returns that context without calling it
+        self._no_sync_does_nothing = getattr(type(self.strategy), "no_sync", None) is LocalGradients.no_sync
         #: what prepare() returned and register_for_checkpointing() added, in order
         self.prepared = PreparedObjects()
         self.flag_tensor: torch.Tensor | None = None
@@ -314,6 +317,8 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             return NO_CONTEXT
         if window.begin(progress.active_dataloader, progress.end_of_dataloader) or window.sync_each_batch:
             return NO_CONTEXT  # nothing to enter
+        if self._no_sync_does_nothing:
+            return NO_CONTEXT
         if len(models) == 1:
             return self.strategy.no_sync(models[0])
         stack = contextlib.ExitStack()

@@ -85,18 +85,21 @@ class AccumulationWindow:
         size = self.num_steps
         yielded = getattr(loader, "batches_yielded", None)
         if size > 1 and self.sync_with_dataloader and yielded is not None:
-            length = self._loader_length(loader, yielded)
+            known = self._length
+            if known is not None and known[0]() is loader and known[1] < yielded:
+                # the same loader, further on in the same epoch: the length read at the epoch's start (inline:
+                # this runs at every window)
+                self._length = (known[0], yielded, known[2])
+                length = known[2]
+            else:
+                length = self._loader_length(loader, yielded)
             if length is not None:
                 size = max(1, min(size, length - yielded + 1))
         self.size = self.divisor = size
 
     def _loader_length(self, loader: Any, yielded: int) -> int | None:
-        """``len(loader)`` (None without one: an iterable dataset), read again only when the loader changed
-        or its position went back (a new epoch)."""
-        known = self._length
-        if known is not None and known[0]() is loader and known[1] < yielded:
-            self._length = (known[0], yielded, known[2])
-            return known[2]
+        """``len(loader)`` (None without one: an iterable dataset), read when the loader changed or its
+        position went back (a new epoch); ``_open`` reuses it otherwise."""
         self._length = None
         try:
             length = len(loader)

@@ -28,6 +28,10 @@ class AcceleratedScheduler:
         self.num_processes = num_processes
         self.gradient_state = gradient_state or GradientState()
         self._window = self.gradient_state.window
+        # only an optimizer with a loss scaler (or an engine's, which says so itself) can skip a step
+        plain = AcceleratedOptimizer.step_was_skipped
+        self._may_skip = [opt for opt in optimizers
+                          if getattr(opt, "scaler", None) is not None or getattr(type(opt), "step_was_skipped", plain) is not plain]
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the wrapped scheduler only when the optimizers really stepped (not inside an
@@ -41,8 +45,9 @@ class AcceleratedScheduler:
             if window.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
                 self.scheduler._step_count += 1
             return
-        if any(opt.step_was_skipped for opt in self.optimizers):
-            return
+        for opt in self._may_skip:  # (a loop, not any(genexpr): the hot path of every loop with a scheduler)
+            if opt.step_was_skipped:
+                return
         for _ in range(1 if self.split_batches else self.num_processes):
             total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses to pass its end
             if total is None or self.scheduler.last_epoch < total:
