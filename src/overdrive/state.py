@@ -226,6 +226,11 @@ def _split(inputs: Any, parts: int, index: int, apply_padding: bool) -> Any:
     per, extra = divmod(length, parts)
     start = index * per + min(index, extra)
     end = start + per + (1 if index < extra else 0)
+    if hasattr(inputs, "select") and hasattr(inputs, "column_names"):  # a datasets.Dataset: slicing gives a dict
+        rows = list(range(start, end))
+        if apply_padding:
+            rows += [length - 1] * (math.ceil(length / parts) - len(rows))
+        return inputs.select(rows)
     share = inputs[start:end]
     if apply_padding:
         target = math.ceil(length / parts)

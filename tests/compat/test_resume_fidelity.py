@@ -53,6 +53,7 @@ def _compare(ours: list[dict], theirs: list[dict]) -> None:
     processes = len(ours)
     for rank, (mine, real) in enumerate(zip(ours, theirs)):
         assert mine["orders"] == real["orders"], f"rank {rank}: shuffled orders differ from Accelerate's"
+        assert mine["stateful"] == real["stateful"], f"rank {rank}: a stateful loader resumes otherwise"
         assert mine["train"]["batches"] == real["train"]["batches"], f"rank {rank}: training batches differ"
         assert mine["train"]["losses"] == pytest.approx(real["train"]["losses"], rel=1e-6, abs=1e-9)
         for skip in ("continue", "skip_first_batches"):

@@ -10,6 +10,8 @@ OUT/result_<rank>.json with:
 - ``orders``: the sample ids of each batch over 2 epochs of prepared, shuffled loaders: ``shuffle=True``;
   with a ``generator`` seeded (``g.manual_seed(42)``) just before iterating, and the unprepared loader's
   order read the same way (``plain``); ``use_seedable_sampler=True``; ``split_batches=True``;
+- ``stateful``: a shuffled loader on torchdata's StatefulDataLoader, its batches after two and a fresh one's
+  after ``load_state_dict`` of the state taken there;
 - ``train``: 3 epochs of a shuffled loader of 64 samples (batch 4), ``save_state`` at step 5 into OUT/step_5;
 - ``resume``: a new run (seeded the same) that loads OUT/step_5, reads ``len(train_dataloader)``, computes the
   starting epoch and the batches to skip as the example does and skips them itself, then trains to the end:
@@ -78,6 +80,29 @@ def orders() -> dict[str, list[list[list[int]]]]:
     split = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))
     result["split"] = read(split.prepare(DataLoader(dataset(24), batch_size=4, shuffle=True)))
     return result
+
+
+def stateful() -> dict[str, list]:
+    """A shuffled loader (seeded generator) on torchdata's StatefulDataLoader: the batches after two, and those a
+    fresh loader gives after ``load_state_dict`` of the state taken there."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+
+    def make():
+        accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        generator = torch.Generator().manual_seed(5)
+        return accelerator.prepare(DataLoader(dataset(37), batch_size=3, shuffle=True, generator=generator))
+
+    first = make()
+    run = iter(first)
+    head = [ids(next(run)) for _ in range(2)]
+    state = first.state_dict()
+    rest = [ids(b) for b in run]
+    again = make()
+    again.load_state_dict(state)
+    return {"head": head, "rest": rest, "resumed": [ids(b) for b in again]}
 
 
 def build():
@@ -158,7 +183,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     state = accelerate.Accelerator().state  # reads ACCELERATE_USE_CPU (multi-CPU under torchrun), PartialState not
     result = {"rank": state.process_index, "library": accelerate.Accelerator.__module__.split(".")[0],
-              "orders": orders(), "train": train(out)}
+              "orders": orders(), "stateful": stateful(), "train": train(out)}
     result["resume"] = {skip: resume(out, skip) for skip in ("continue", "skip_first_batches")}
     (out / f"result_{state.process_index}.json").write_text(json.dumps(result))
     state.wait_for_everyone()

@@ -377,7 +377,7 @@ def _restore_process_state(run: TrainingState, state: dict[str, Any], decoded: d
         if loader_state is None:
             continue
         loader.load_state_dict(loader_state)
-        generator = getattr(loader, "generator", None)
+        generator = getattr(loader, "generator", None) if getattr(loader, "exact_resume", False) else None
         if generator is not None and i < len(generators) and generators[i] is not None:
             generator.set_state(generators[i])
     saved_world = int(manifest["world_size"])

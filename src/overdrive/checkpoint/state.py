@@ -176,9 +176,10 @@ def loader_record(loader: Any) -> dict[str, Any]:
 
 
 def restores_position(loader: Any) -> bool:
-    """Whether ``load_state`` puts ``loader`` back at its saved position (and its generator's saved state):
-    only a loader prepared with ``exact_resume`` or ``use_stateful_dataloader``, as in Accelerate."""
-    return bool(getattr(loader, "exact_resume", False))
+    """Whether ``load_state`` puts ``loader`` back at its saved position: only a loader prepared with
+    ``exact_resume`` (with its generator's saved state too) or ``use_stateful_dataloader`` (torchdata's state
+    dict), as in Accelerate."""
+    return bool(getattr(loader, "exact_resume", False) or getattr(loader, "use_stateful_dataloader", False))
 
 
 def _mid_epoch(state: dict[str, Any]) -> bool:

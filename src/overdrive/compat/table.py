@@ -194,8 +194,8 @@ NAMES: dict[str, dict[str, str]] = {
         **_names("overdrive.compat.alias", "install_as_accelerate uninstall_as_accelerate"),
     },
     "overdrive.data_loader": _names("overdrive.data", "BatchSamplerShard DataLoaderDispatcher DataLoaderShard "
-                                    "IterableDatasetShard SeedableRandomSampler SkipBatchSampler SkipDataLoader "
-                                    "prepare_data_loader skip_first_batches"),
+                                    "DataLoaderStateMixin IterableDatasetShard SeedableRandomSampler SkipBatchSampler "
+                                    "SkipDataLoader get_sampler prepare_data_loader skip_first_batches"),
     "overdrive.checkpointing": {
         **_names(_K, "MODEL_NAME OPTIMIZER_NAME RNG_STATE_NAME SAFE_MODEL_NAME SAFE_WEIGHTS_NAME SAMPLER_NAME "
                      "SCALER_NAME SCHEDULER_NAME WEIGHTS_NAME"),
@@ -242,8 +242,6 @@ ABSENT: dict[str | tuple[str, str], str] = {
        ("launch", "env", "test", "estimate", "to_fsdp2", "tpu")},
     # single internals
     "DataLoaderAdapter": "internal base of Accelerate's loaders; overdrive's prepared loaders are DataLoaders",
-    "DataLoaderStateMixin": "internal mixin; overdrive's loaders report their state to GradientState",
-    "get_sampler": "internal helper of Accelerate's data loader",
     "test_launch": "internal check of Accelerate's launcher",
     "move_to_device": "internal helper of Accelerate's optimizer wrapper",
     "patch_optimizer_step": "internal: overdrive never patches optimizer.step",

@@ -19,11 +19,12 @@ class DataLoaderConfiguration:
       the global order is the same at any world size. Off (Accelerate's default): the loader's own sampler
       and ``generator`` are kept, with the generator synchronised across processes at each epoch.
     - ``non_blocking``: copy batches to the device asynchronously (with pinned memory).
-    - ``use_stateful_dataloader``: build on torchdata's ``StatefulDataLoader``; ``load_state`` restores the
-      loaders' positions (as Accelerate does with it).
+    - ``use_stateful_dataloader``: build on torchdata's ``StatefulDataLoader``; ``state_dict()`` is
+      torchdata's and ``load_state`` restores it (as Accelerate does).
     - ``exact_resume`` (overdrive's, off by default): ``load_state`` puts every prepared loader back where the
       checkpoint stopped, mid-epoch (also at another number of processes), and the resumed run's random
-      numbers continue as if it had never stopped; implies ``use_seedable_sampler``. Off, as in Accelerate,
+      numbers continue as if it had never stopped; implies ``use_seedable_sampler`` (and excludes
+      ``use_stateful_dataloader``). Off, as in Accelerate,
       the script skips the batches it already trained on (``accelerator.skip_first_batches(loader, n)``).
     """
 

@@ -16,6 +16,8 @@ _EXPORTS = {
     "DataLoaderDispatcher": "overdrive.data.dispatch",
     "slice_batch": "overdrive.data.dispatch",
     "DataLoaderShard": "overdrive.data.loader",
+    "DataLoaderStateMixin": "overdrive.data.loader",
+    "get_sampler": "overdrive.data.shuffling",
     "SkipDataLoader": "overdrive.data.loader",
     "prepare_data_loader": "overdrive.data.prepare",
     "skip_first_batches": "overdrive.data.prepare",
@@ -32,7 +34,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.data.dispatch import DataLoaderDispatcher, slice_batch
-    from overdrive.data.loader import DataLoaderShard, SkipDataLoader
+    from overdrive.data.loader import DataLoaderShard, DataLoaderStateMixin, SkipDataLoader
     from overdrive.data.prepare import prepare_data_loader, skip_first_batches
     from overdrive.data.sampler import (
         BatchSamplerShard,
@@ -42,3 +44,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
         SeedableRandomSampler,
         SkipBatchSampler,
     )
+    from overdrive.data.shuffling import get_sampler

@@ -14,10 +14,22 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
-from overdrive.data.loader import PreparedLoaderMixin, _distributed, with_last_flag
-from overdrive.data.sampler import DispatchBatchSampler, IterableDatasetShard, _check_index
+from overdrive.data.loader import (
+    _ACCELERATE_KEYWORDS,
+    PreparedLoaderMixin,
+    _distributed,
+    loader_settings,
+    with_last_flag,
+)
+from overdrive.data.sampler import (
+    BatchSamplerShard,
+    DispatchBatchSampler,
+    DispatchedIterable,
+    IterableDatasetShard,
+    _check_index,
+)
 from overdrive.ops import honor_mapping, honor_type
 from overdrive.runtime import group
 from overdrive.state import GradientState
@@ -132,12 +144,16 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
                  rng_types: list[Any] | None = None, non_blocking: bool = False,
                  gradient_state: GradientState | None = None, exact_resume: bool = False,
                  **dataloader_kwargs: Any) -> None:
-        self._base.__init__(self, dataset, **dataloader_kwargs)
+        accelerate_keywords = {k: dataloader_kwargs.pop(k) for k in _ACCELERATE_KEYWORDS if k in dataloader_kwargs}
         _check_index(num_processes, process_index)
+        dataset, dataloader_kwargs = _dispatch_inputs(dataset, dataloader_kwargs, num_processes, split_batches)
+        self._base.__init__(self, dataset, **dataloader_kwargs)
         if isinstance(self.batch_sampler, DispatchBatchSampler):
             shard: Any = self.batch_sampler.shard
         elif isinstance(self.dataset, IterableDatasetShard):
             shard = self.dataset
+        elif num_processes == 1 and self.batch_sampler is not None:  # made directly: the batches as they are
+            shard = BatchSamplerShard(self.batch_sampler, 1, 0, split_batches)
         else:
             raise TypeError("DataLoaderDispatcher needs a DispatchBatchSampler (map-style data) or a "
                             "DispatchedIterable (iterable data); build it with prepare_data_loader(..., "
@@ -153,6 +169,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         self._dp_of_rank: list[int] | None = None
         object.__setattr__(self, "batch_size", shard.per_process_batch_size)
         self._init_prepared(shard, device, non_blocking, rng_types, gradient_state, exact_resume=exact_resume)
+        self._accelerate_keywords(accelerate_keywords)
 
     def __len__(self) -> int:
         return self._remaining(self._shard.num_steps(self.process_index))
@@ -169,8 +186,11 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         """Each step as the list of every process's batch (``None``: that process has none)."""
         if isinstance(self.batch_sampler, DispatchBatchSampler):
             self.batch_sampler.skip_steps, skip = skip, 0  # map-style: skip by index
-        batches: Iterator[Any] = self._base.__iter__(self)
+        batches = self._base_iter()
         return itertools.islice(self._group(batches), skip, None)
+
+    def _read_per_step(self) -> int:
+        return 1 if self.split_batches else self.num_processes
 
     def _group(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
         n = self.num_processes
@@ -281,6 +301,25 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         remainder = getattr(self, "_observed", None) if final else None
         header = {"skeletons": skeletons, "last": last, "final": final, "size": size, "remainder": remainder}
         return parts, buffers, header
+
+
+def _dispatch_inputs(dataset: Any, kwargs: dict[str, Any], num_processes: int,
+                     split_batches: bool) -> tuple[Any, dict[str, Any]]:
+    """The dataset and DataLoader keywords of a dispatcher made directly from plain ones (Accelerate's
+    ``DataLoaderDispatcher(dataset, batch_size=4)``): rank 0's view of every process's batches."""
+    if isinstance(kwargs.get("batch_sampler"), DispatchBatchSampler) or isinstance(dataset, IterableDatasetShard):
+        return dataset, kwargs  # built by prepare_data_loader
+    plain = DataLoader(dataset, **kwargs)
+    settings = loader_settings(plain)
+    if isinstance(dataset, IterableDataset):
+        batch_size = plain.batch_size or 1
+        stream = DispatchedIterable(dataset, batch_size, plain.drop_last, num_processes, 0, split_batches)
+        return stream, {**settings, "batch_size": batch_size, "drop_last": plain.drop_last}
+    if num_processes == 1:  # nothing to group: torchdata sees (and saves the state of) the plain batch sampler
+        return dataset, kwargs
+    assert plain.batch_sampler is not None  # a map-style DataLoader always has one
+    rounds = BatchSamplerShard(plain.batch_sampler, num_processes, 0, split_batches)
+    return dataset, {**settings, "batch_sampler": DispatchBatchSampler(rounds)}
 
 
 def _join(batches: list[Any]) -> Any:

@@ -8,19 +8,23 @@ save and restore its position for an exact mid-epoch resume.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import DataLoader
 
-from overdrive.data.sampler import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
+from overdrive.data.sampler import BatchSamplerShard, IterableDatasetShard
+from overdrive.data.shuffling import _find_seedable
+from overdrive.data.stateful import SelfReference, stateful_loader_class
 from overdrive.ops import send_to_device
 from overdrive.runtime import group
 from overdrive.state import GradientState
 
 _END = object()  # no more batches
+#: keywords of Accelerate's loader constructors, taken off before the DataLoader sees them
+_ACCELERATE_KEYWORDS = ("use_stateful_dataloader", "skip_batches", "iteration", "_drop_last", "_non_blocking",
+                        "torch_device_mesh")
 
 # DataLoader settings carried over when a loader is rebuilt (those this torch version has).
 _KEPT_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -37,67 +41,6 @@ def _distributed() -> bool:
     return group.is_distributed()
 
 
-def shared_seed(sampler: RandomSampler, data_seed: int | None) -> int:
-    """The shuffling seed every process agrees on: ``data_seed``, else rank 0's seed (its sampler's
-    generator's, or torch's initial seed) broadcast to all ranks."""
-    if data_seed is not None:
-        return int(data_seed)
-    generator = getattr(sampler, "generator", None)
-    seed = generator.initial_seed() if generator is not None else torch.initial_seed()
-    if _distributed():
-        box = [seed]
-        dist.broadcast_object_list(box, src=0)
-        seed = box[0]
-    return int(seed)
-
-
-def seedable_batch_sampler(batch_sampler: Iterable[list[int]], data_seed: int | None) -> Iterable[list[int]]:
-    """``batch_sampler`` with a plain ``RandomSampler`` replaced by a ``SeedableRandomSampler``.
-
-    Only the exact torch classes are replaced: a subclass or custom sampler may carry logic we cannot
-    rebuild, so it is kept and sharded by batches.
-    """
-    if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
-        return batch_sampler
-    random_sampler = batch_sampler.sampler
-    sampler = SeedableRandomSampler(random_sampler.data_source, replacement=random_sampler.replacement,
-                                    num_samples=random_sampler._num_samples,
-                                    seed=shared_seed(random_sampler, data_seed))
-    return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
-
-
-def accelerate_shuffling(batch_sampler: Any, num_processes: int) -> torch.Generator | None:
-    """Accelerate's default for several processes: the user's sampler is kept and its generator kept equal on
-    every rank (rank 0's state at each epoch start). A sampler without a generator gets one here, seeded from
-    torch's global generator as Accelerate seeds it (the draw happens on every rank alike). Returns the
-    generator to synchronise, or ``None`` (one process, or no sampler with a generator)."""
-    sampler = getattr(batch_sampler, "sampler", None)
-    if num_processes == 1 or sampler is None or not hasattr(sampler, "generator"):
-        return None
-    if sampler.generator is None:
-        sampler.generator = torch.Generator()
-        sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-    return sampler.generator
-
-
-def _find_seedable(batch_sampler: Any) -> SeedableRandomSampler | None:
-    """The SeedableRandomSampler inside a chain of batch-sampler wrappers, if any."""
-    node = batch_sampler
-    for _ in range(8):  # wrappers nest a few levels deep at most
-        if isinstance(node, SeedableRandomSampler):
-            return node
-        # explicit None checks: truth-testing a sampler calls len(), which infinite samplers refuse
-        inner = None
-        for name in ("shard", "batch_sampler", "sampler"):
-            inner = getattr(node, name, None)
-            if inner is not None:
-                break
-        if inner is None:
-            return None
-        node = inner
-    return None
-
-
 def with_last_flag(iterator: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
     """``(item, is_last)`` pairs: fetching one item ahead tells which one is the last."""
     try:
@@ -110,12 +53,42 @@ def with_last_flag(iterator: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
     yield current, True
 
 
-class PreparedLoaderMixin:
+class DataLoaderStateMixin:
+    """Accelerate's name for a loader that reports to ``GradientState`` (``end_of_dataloader``, ``remainder``):
+    every prepared loader is one. ``begin()`` / ``end()`` register and unregister it by hand."""
+
+    gradient_state: GradientState
+    end_of_dataloader: bool
+
+    def reset(self) -> None:
+        """Not at the end of the data."""
+        self.end_of_dataloader = False
+
+    def begin(self) -> None:
+        """Make this the active loader of ``GradientState`` (what iterating does)."""
+        self.reset()
+        self.gradient_state._add_dataloader(self)
+
+    def end(self) -> None:
+        """Stop being the active loader of ``GradientState`` (a loop that breaks out early may call it)."""
+        self.gradient_state._remove_dataloader(self)
+
+
+class PreparedLoaderMixin(DataLoaderStateMixin):
     """What both prepared loaders share: epoch, position, end of data, device placement, state dict.
 
     Subclasses (which also derive from ``DataLoader``) call ``_init_prepared`` after building the loader
     and implement ``_batches(skip)``, yielding ``(batch, is_last)`` from position ``skip`` of the epoch.
+    ``use_stateful_dataloader=True`` (Accelerate's keyword) makes an instance of the class built on torchdata's
+    ``StatefulDataLoader``.
     """
+
+    use_stateful_dataloader = False
+    base_dataloader = SelfReference()
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        del args, kwargs  # for __init__
+        return object.__new__(stateful_loader_class(cls) if use_stateful_dataloader else cls)
 
     #: the DataLoader class whose constructor and iterator the prepared loader uses (torchdata's
     #: StatefulDataLoader in the classes :func:`stateful_loader_class` makes)
@@ -139,8 +112,8 @@ class PreparedLoaderMixin:
         self.rng_types = list(rng_types or [])
         #: the generator kept equal on every rank at each epoch start ("generator" in ``rng_types``)
         self.synchronized_generator = synchronized_generator
-        #: ``load_state`` puts this loader back at its saved position (``DataLoaderConfiguration(exact_resume=
-        #: True)``, or torchdata's stateful loader); otherwise, as in Accelerate, the script skips batches itself
+        #: ``load_state`` puts this loader back at its saved position (``DataLoaderConfiguration(exact_resume=True)``;
+        #: a stateful loader restores torchdata's state instead); otherwise the script skips batches itself
         self.exact_resume = bool(exact_resume)
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self._seedable = _find_seedable(self.batch_sampler)
@@ -150,6 +123,29 @@ class PreparedLoaderMixin:
         self._skip_next = 0  # batches of the next iteration to skip (resume / skip_first_batches)
         self.batches_yielded = 0  # the position in the epoch (skipped batches count)
         self.end_of_dataloader = False
+
+    def _accelerate_keywords(self, kwargs: dict[str, Any]) -> None:
+        """Accelerate's constructor keywords: ``skip_batches`` and ``iteration`` (the epoch) apply; the others
+        (``use_stateful_dataloader`` chose the class, ``_drop_last``, ``torch_device_mesh``) are implied."""
+        self.skip_first(int(kwargs.pop("skip_batches", 0) or 0))
+        iteration = kwargs.pop("iteration", 0)
+        if iteration:
+            self.set_epoch(iteration)
+        for name in ("use_stateful_dataloader", "_drop_last", "torch_device_mesh", "_non_blocking"):
+            kwargs.pop(name, None)
+
+    def _base_iter(self) -> Iterator[Any]:
+        """The DataLoader iterator the prepared loader reads from."""
+        return self._base.__iter__(self)  # pyright: ignore[reportArgumentType]
+
+    def _read_per_step(self) -> int:
+        """Batches read from the DataLoader iterator per step handed out (the dispatcher reads every process's)."""
+        return 1
+
+    @property
+    def iteration(self) -> int:
+        """The epoch (Accelerate's name: iterations started, or the one ``set_epoch`` chose)."""
+        return self._epoch
 
     # -- the contract the rest of the library reads ----------------------------------------------
     @property
@@ -371,6 +367,8 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
                  non_blocking: bool = False, gradient_state: GradientState | None = None,
                  synchronized_generator: torch.Generator | None = None, exact_resume: bool = False,
                  **dataloader_kwargs: Any) -> None:
+        accelerate_keywords = {k: dataloader_kwargs.pop(k) for k in _ACCELERATE_KEYWORDS if k in dataloader_kwargs}
+        non_blocking = bool(accelerate_keywords.get("_non_blocking", non_blocking))
         self._base.__init__(self, dataset, **dataloader_kwargs)
         shard: Any = None
         if isinstance(self.batch_sampler, BatchSamplerShard):
@@ -381,6 +379,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             shard = self.dataset
         self._init_prepared(shard, device, non_blocking, rng_types, gradient_state, synchronized_generator,
                             exact_resume)
+        self._accelerate_keywords(accelerate_keywords)
 
     def __len__(self) -> int:
         full = self.dataset.num_steps() if isinstance(self.dataset, IterableDatasetShard) else self._base.__len__(self)
@@ -390,7 +389,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         by_index = isinstance(self.batch_sampler, BatchSamplerShard)
         if by_index:
             self.batch_sampler.skip_batches = skip  # skip indices, never load the skipped samples
-        raw: Iterator[Any] = self._base.__iter__(self)
+        raw = self._base_iter()
         if skip and not by_index:
             raw = itertools.islice(raw, skip, None)  # iterable data: skipping means reading
         return raw
@@ -424,29 +423,20 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             self.gradient_state._remove_dataloader(self)
 
 
-_STATEFUL: dict[type, type] = {}
-
-
-def stateful_loader_class(cls: type[PreparedLoaderMixin]) -> type[PreparedLoaderMixin]:
-    """``cls`` built on torchdata's ``StatefulDataLoader`` (``use_stateful_dataloader=True``): an instance is a
-    ``StatefulDataLoader`` and iterates through its iterator. Position, ``state_dict`` and resume stay the
-    prepared loader's own (exact, skipping by index), so checkpoints are the same with or without it."""
-    if cls not in _STATEFUL:
-        try:
-            from torchdata.stateful_dataloader import StatefulDataLoader
-        except ImportError as exc:
-            raise ImportError("use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install "
-                              "torchdata (or set use_stateful_dataloader=False)") from exc
-        _STATEFUL[cls] = type(f"Stateful{cls.__name__}", (cls, StatefulDataLoader),
-                              {"_base": StatefulDataLoader, "__module__": cls.__module__})
-    return _STATEFUL[cls]
-
-
 class SkipDataLoader(DataLoader):
     """A plain ``DataLoader`` that reads and drops the first ``skip_batches`` batches of every iteration
     (for iterable datasets, where batches cannot be skipped by index)."""
 
-    def __init__(self, dataset: Any, skip_batches: int = 0, **dataloader_kwargs: Any) -> None:
+    use_stateful_dataloader = False
+    base_dataloader = SelfReference()
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        del args, kwargs  # for __init__
+        return object.__new__(stateful_loader_class(cls, reads_ahead=False) if use_stateful_dataloader else cls)
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 **dataloader_kwargs: Any) -> None:
+        del use_stateful_dataloader  # chose the class (__new__)
         super().__init__(dataset, **dataloader_kwargs)
         self.skip_batches = skip_batches
 

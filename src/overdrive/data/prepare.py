@@ -8,15 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from overdrive.data.loader import (
-    DataLoaderShard,
-    PreparedLoaderMixin,
-    SkipDataLoader,
-    accelerate_shuffling,
-    loader_settings,
-    seedable_batch_sampler,
-    stateful_loader_class,
-)
+from overdrive.data.loader import DataLoaderShard, PreparedLoaderMixin, SkipDataLoader, loader_settings
 from overdrive.data.sampler import (
     BatchSamplerShard,
     DispatchBatchSampler,
@@ -24,6 +16,8 @@ from overdrive.data.sampler import (
     IterableDatasetShard,
     SkipBatchSampler,
 )
+from overdrive.data.shuffling import accelerate_shuffling, seedable_batch_sampler
+from overdrive.data.stateful import stateful_loader_class
 from overdrive.runtime import group
 from overdrive.state import GradientState
 
@@ -51,6 +45,16 @@ def _processes(num_processes: int | None, process_index: int | None, mesh: Any) 
     else:
         size, index = group.world_size(), group.rank()
     return (size if num_processes is None else num_processes), (index if process_index is None else process_index)
+
+
+def _native_shard(dataset: Any, num_processes: int, process_index: int, split_batches: bool) -> Any:
+    """Process ``process_index``'s shards of a ``datasets.IterableDataset`` with at least ``num_processes``
+    shards (Accelerate uses the library's own sharding then), else ``None``."""
+    if num_processes == 1 or split_batches or not type(dataset).__module__.startswith("datasets."):
+        return None
+    if getattr(dataset, "n_shards", 0) < num_processes or not hasattr(dataset, "shard"):
+        return None
+    return dataset.shard(num_shards=num_processes, index=process_index)
 
 
 def prepare_data_loader(
@@ -87,22 +91,31 @@ def prepare_data_loader(
     :class:`SeedableRandomSampler` seeded with ``data_seed`` (default: rank 0's torch seed, broadcast): the
     order is then a function of (seed, epoch), the same at any number of processes. ``exact_resume=True``
     (overdrive's; implies the seedable sampler) makes ``load_state`` put the loader back at its saved
-    position. Every prepared loader has ``state_dict``; ``use_stateful_dataloader=True`` builds it on
-    torchdata's ``StatefulDataLoader`` (an error names the package when torchdata is missing).
+    position. ``use_stateful_dataloader=True`` builds it on torchdata's ``StatefulDataLoader``, whose state
+    dict ``load_state`` restores, as Accelerate (an error names the package when torchdata is missing).
 
         loader = prepare_data_loader(DataLoader(dataset, batch_size=16, shuffle=True),
                                      device=torch.device("cuda", 0), put_on_device=True)
     """
     if isinstance(dataloader, PreparedLoaderMixin):  # already prepared: sharding twice would lose data
         return cast("DataLoaderShard | DataLoaderDispatcher", dataloader)  # the mixin's only two classes
-    if dataloader.batch_sampler is None and dataloader.batch_size is None:
+    num_processes, process_index = _processes(num_processes, process_index, torch_device_mesh)
+    unbatched = dataloader.batch_sampler is None and dataloader.batch_size is None
+    if unbatched and num_processes == 1 and isinstance(dataloader.dataset, IterableDataset):
+        # samples as the dataset yields them, as Accelerate leaves them on one process
+        return DataLoaderShard(dataloader.dataset, batch_size=None, device=device if put_on_device else None,
+                               rng_types=rng_types, non_blocking=non_blocking, gradient_state=gradient_state,
+                               **loader_settings(dataloader))
+    if unbatched:
         raise ValueError("cannot prepare a DataLoader with batch_size=None and batch_sampler=None: the batches "
                          "to share out are unknown; give the DataLoader a batch_size or a batch_sampler")
-    num_processes, process_index = _processes(num_processes, process_index, torch_device_mesh)
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
     dispatch = iterable if dispatch_batches is None else bool(dispatch_batches)
-    exact_resume = bool(exact_resume or use_stateful_dataloader)
+    if exact_resume and use_stateful_dataloader:
+        raise ValueError("exact_resume=True and use_stateful_dataloader=True: choose one way to resume the loader: "
+                         "exact_resume (overdrive's own position, exact at any number of processes) or "
+                         "use_stateful_dataloader (torchdata's state dict, as Accelerate)")
     common: dict[str, Any] = dict(device=device if put_on_device else None, rng_types=rng_types,
                                   non_blocking=non_blocking, gradient_state=gradient_state,
                                   exact_resume=exact_resume, **loader_settings(dataloader))
@@ -122,6 +135,9 @@ def prepare_data_loader(
                                         even_batches)
             return dispatcher(stream, batch_size=batch_size, drop_last=drop_last, **dispatch_args,
                                         **common)
+        native = _native_shard(dataset, num_processes, process_index, split_batches)
+        if native is not None:  # a datasets.IterableDataset of enough shards: each process reads its own
+            return shard_class(native, batch_size=batch_size, drop_last=drop_last, **common)
         shard = IterableDatasetShard(dataset, batch_size, drop_last, num_processes, process_index, split_batches,
                                      even_batches)
         return shard_class(shard, batch_size=shard.per_process_batch_size, drop_last=drop_last, **common)

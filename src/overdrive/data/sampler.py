@@ -102,9 +102,9 @@ def _check_split(batch_size: int | None, num_processes: int) -> None:
         raise ValueError("split_batches=True needs a batch sampler with a `batch_size` attribute; use a "
                          "torch BatchSampler (DataLoader(batch_size=...)) or split_batches=False")
     if batch_size % num_processes:
-        raise ValueError(f"split_batches=True needs a batch size divisible by the number of processes, got "
-                         f"batch_size={batch_size} and num_processes={num_processes}; use a batch size that "
-                         f"is a multiple of {num_processes}, or split_batches=False")
+        raise ValueError(f"split_batches=True needs a batch size that is a round multiple of the number of "
+                         f"processes, got batch_size={batch_size} and num_processes={num_processes}; use a batch "
+                         f"size that is a multiple of {num_processes}, or split_batches=False")
 
 
 def _check_index(num_processes: int, process_index: int) -> None:

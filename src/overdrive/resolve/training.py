@@ -211,15 +211,22 @@ def _resolve_log_with(log_with: Any, errors: list[str]) -> tuple[Any, ...]:
 
 
 def _check_dataloader(config: DataLoaderConfiguration | None, errors: list[str]) -> None:
-    """A data-loader setting that needs a package which is not installed."""
+    """A data-loader setting that needs a package which is not installed, or two that exclude each other."""
     if config is None or not config.use_stateful_dataloader:
         return
+    if config.exact_resume:
+        errors.append(_BOTH_RESUMES)
     from overdrive.compat.imports import is_torchdata_stateful_dataloader_available
 
     if not is_torchdata_stateful_dataloader_available():
         errors.append("DataLoaderConfiguration(use_stateful_dataloader=True) needs torchdata's StatefulDataLoader: "
                       "pip install 'torchdata>=0.8'; or leave it off: overdrive's prepared loaders save and "
-                      "restore their position themselves (loader.state_dict(), accelerator.save_state)")
+                      "restore their position themselves (DataLoaderConfiguration(exact_resume=True))")
+
+
+_BOTH_RESUMES = ("DataLoaderConfiguration(exact_resume=True, use_stateful_dataloader=True): choose one way to resume "
+                 "loaders: exact_resume (overdrive's own positions, exact at any number of processes) or "
+                 "use_stateful_dataloader (torchdata's state dicts, as Accelerate)")
 
 
 def _resolve_compile(plugin: TorchDynamoPlugin | None, backend: str | None, launched: dict[str, Any],
