@@ -60,9 +60,12 @@ class Run:
 
 
 def launch(cluster: Cluster, out: Path, *job_args: str, machines: int = 2, flags: tuple[str, ...] = (),
-           only: int | None = None, port: int = 29500) -> Run:
+           only: int | None = None, port: int = 29500, via: str = "flags") -> Run:
     """``overdrive launch`` of the job on the first ``machines`` machines, 2 processes each, meeting at
-    machine 0 (a launch's output files replace the previous launch's); ``only``: start that machine alone."""
+    machine 0 (a launch's output files replace the previous launch's); ``only``: start that machine alone.
+    ``via``: where each launcher learns its machine rank, the number of machines and the main address:
+    "flags" (``--machine_rank`` ...), "slurm" (the variables ``srun --ntasks-per-node=1`` sets, no flag) or
+    "kubeflow" (a ``PyTorchJob`` pod's variables, no flag)."""
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "GROUP_RANK", "MASTER_", "TORCHELASTIC", "SLURM_",
@@ -72,11 +75,28 @@ def launch(cluster: Cluster, out: Path, *job_args: str, machines: int = 2, flags
     procs = []
     ranks = list(range(machines)) if only is None else [only]
     for i in ranks:
+        where = ["--num_machines", str(machines), "--machine_rank", str(i), "--main_process_ip", cluster.address(0),
+                 "--main_process_port", str(port)] if via == "flags" else []
         argv = [sys.executable, "-m", "overdrive.cli", "launch", "--cpu", "--num_processes", str(2 * machines),
-                "--num_machines", str(machines), "--machine_rank", str(i), "--main_process_ip", cluster.address(0),
-                "--main_process_port", str(port), *flags, str(JOB), str(out), *job_args]
-        procs.append(cluster.start(i, argv, env, out / f"machine{i}.out", out / f"machine{i}.err"))
+                *where, *flags, str(JOB), str(out), *job_args]
+        procs.append(cluster.start(i, argv, {**env, **cluster_variables(cluster, via, i, machines)},
+                                   out / f"machine{i}.out", out / f"machine{i}.err"))
     return Run(procs, out, time.time(), ranks)
+
+
+def cluster_variables(cluster: Cluster, via: str, i: int, machines: int) -> dict[str, str]:
+    """What a cluster manager sets for the launcher of machine ``i`` (one launcher per machine)."""
+    hosts = ",".join(cluster.hosts[:machines])
+    if via == "slurm":  # srun --nodes=N --ntasks-per-node=1 inside an sbatch job
+        return {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": hosts, "SLURM_STEP_NODELIST": hosts,
+                "SLURM_NNODES": str(machines), "SLURM_STEP_NUM_NODES": str(machines), "SLURM_NODEID": str(i),
+                "SLURM_PROCID": str(i), "SLURM_NTASKS": str(machines), "SLURM_LOCALID": "0",
+                "SLURM_TASKS_PER_NODE": f"1(x{machines})"}
+    if via == "kubeflow":  # a PyTorchJob pod: the master's service name, torchrun's PET_ variables
+        return {"MASTER_ADDR": cluster.hosts[0], "MASTER_PORT": "23456", "WORLD_SIZE": str(machines),
+                "RANK": str(i), "PET_NNODES": str(machines), "PET_NODE_RANK": str(i),
+                "PET_MASTER_ADDR": cluster.hosts[0], "PET_MASTER_PORT": "23456", "PET_NPROC_PER_NODE": "2"}
+    return {}
 
 
 def no_processes_left(cluster: Cluster, seconds: float = 5.0) -> bool:
@@ -117,12 +137,14 @@ def _bytes_sent(cluster: Cluster, i: int) -> int:
 def test_training_across_two_machines_restarted_after_a_crash_equals_one_process(cluster, tmp_path):
     # rank 3 (machine 1) raises at step 3 of the first attempt; --max_restarts 1 restarts the group on both
     # machines, and the job's only resume code is accelerator.load_state() (the newest checkpoint, step 2)
+    # the launchers learn their machine from SLURM's variables alone (srun --ntasks-per-node=1 overdrive launch)
     run = launch(cluster, tmp_path / "run", "--steps", "6", "--save-every", "2", "--fail-at", "3",
-                 flags=("--max_restarts", "1"))
+                 flags=("--max_restarts", "1"), via="slurm")
     run.wait(260)
     assert [p.returncode for p in run.procs] == [0, 0], run.logs()
     out = (tmp_path / "run" / "machine0.out").read_text()
     assert "RESUMED at step 2" in out, out
+    assert f"meeting at {cluster.hosts[0]}:19242" in run.err(1)  # the port derived from SLURM_JOB_ID
     assert "planned failure at step 3" in run.err(1)
     where = {r: (tmp_path / "run" / f"where_{r}").read_text().split() for r in range(4)}
     assert {r: w[0] for r, w in where.items()} == {0: cluster.hosts[0], 1: cluster.hosts[0],
@@ -166,8 +188,9 @@ def test_link_cut_mid_run_ends_both_machines_naming_the_unreachable_one(cluster,
 @pytest.mark.timeout(420)
 def test_lost_machine_is_named_and_the_run_resumes_on_the_machine_left(cluster, tmp_path):
     steps = 30
+    # a Kubeflow PyTorchJob's pods: each launcher learns its machine from the PET_ variables alone
     run = launch(cluster, tmp_path / "run", "--steps", str(steps), "--sleep", "0.3", "--timeout", "60",
-                 "--save-every", "2")
+                 "--save-every", "2", via="kubeflow")
     deadline = time.monotonic() + 150
     while len(run.steps(0)) < 5 and time.monotonic() < deadline and all(p.poll() is None for p in run.procs):
         time.sleep(0.1)

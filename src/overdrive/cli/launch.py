@@ -258,7 +258,8 @@ def _device() -> tuple[str | None, int]:
 
 
 def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
-    """The plan for ``args`` (flags > config file > defaults), what each worker runs, and the one line
+    """The plan for ``args`` (flags > a cluster manager's variables for the machine settings, see
+    ``runtime.cluster.launch_defaults`` > config file > defaults), what each worker runs, and the one line
     that says what will run. Raises ``UsageError`` listing every problem.
 
     Two passes: the first knows nothing of the devices and imports no torch (a mistyped value is refused in
@@ -289,11 +290,16 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     """``plan_launch``'s pass: with ``device`` None, only the checks that need no torch (returns None)."""
     config, source = read_config(args)
     problems: list[str] = []
+    from overdrive.runtime.cluster import launch_defaults
+
+    cluster, cluster_source = launch_defaults(os.environ)  # one launcher per machine under SLURM / Kubeflow
 
     def pick(name: str, checker: cf.Checker, default: Any) -> Value:
         flag = _given(args, name)
         if flag is not None:
             return Value(_check(checker, f"--{name}", flag, problems), f"--{name}")
+        if name in cluster:
+            return Value(cluster[name], cluster_source)
         key = CONFIG_KEYS.get(name)
         if key and key in config and config[key] is not None and not (key == "num_processes" and config[key] == -1):
             return Value(config[key], f"{source.path} ({key})")

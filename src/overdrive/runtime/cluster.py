@@ -165,6 +165,47 @@ def from_slurm(env: Mapping[str, str]) -> ProcessInfo | None:
     )
 
 
+def launch_defaults(env: Mapping[str, str]) -> tuple[dict[str, int | str], str]:
+    """Where ``overdrive launch`` runs, when one launcher per machine is started by a cluster manager:
+    ``{"num_machines", "machine_rank", "main_process_ip", "main_process_port"}`` (those known) and the
+    variables they came from; ({}, "") elsewhere. A flag still beats them, and they beat a config file
+    (the same file on every machine cannot know each machine's rank).
+
+    - SLURM (``srun --ntasks-per-node=1 overdrive launch ...``): SLURM_STEP_NUM_NODES / SLURM_NNODES,
+      SLURM_NODEID, the first host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST, and the port derived from
+      SLURM_JOB_ID (as ``from_slurm``) unless MASTER_PORT is set.
+    - Kubernetes / Kubeflow ``PyTorchJob``: the torchrun variables it sets, PET_NNODES, PET_NODE_RANK,
+      PET_MASTER_ADDR, PET_MASTER_PORT (MASTER_ADDR / MASTER_PORT when the PET_ ones are absent).
+    """
+    found: dict[str, int | str] = {}
+    if "PET_NNODES" in env or "PET_NODE_RANK" in env:
+        nodes = env.get("PET_NNODES", "")
+        if nodes.isdigit():
+            found["num_machines"] = int(nodes)
+        if env.get("PET_NODE_RANK", "").isdigit():
+            found["machine_rank"] = int(env["PET_NODE_RANK"])
+        addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
+        port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT")
+        if addr:
+            found["main_process_ip"] = addr
+        if port and port.isdigit():
+            found["main_process_port"] = int(port)
+        return found, "Kubeflow (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT)"
+    if "SLURM_JOB_ID" in env and "SLURM_NODEID" in env:
+        nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or ""
+        if nodes.isdigit():
+            found["num_machines"] = int(nodes)
+        if env["SLURM_NODEID"].isdigit():
+            found["machine_rank"] = int(env["SLURM_NODEID"])
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if nodelist:
+            found["main_process_ip"] = env.get("MASTER_ADDR") or first_host(nodelist)
+        port = env.get("MASTER_PORT", "")
+        found["main_process_port"] = int(port) if port.isdigit() else 15000 + _int(env, "SLURM_JOB_ID", 0) % 20000
+        return found, "SLURM (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, SLURM_JOB_ID)"
+    return found, ""
+
+
 # torchrun first: it may itself run under srun or mpirun, and then its variables describe the workers.
 # MPI before SLURM: ``mpirun`` inside an sbatch allocation inherits the batch step's SLURM_PROCID=0.
 DETECTORS: list[Callable[[Mapping[str, str]], ProcessInfo | None]] = [
