@@ -10,6 +10,7 @@ OUT/result_<rank>.json with:
 - ``orders``: the sample ids of each batch over 2 epochs of prepared, shuffled loaders: ``shuffle=True``;
   with a ``generator`` seeded (``g.manual_seed(42)``) just before iterating, and the unprepared loader's
   order read the same way (``plain``); ``use_seedable_sampler=True``; ``split_batches=True``;
+  ``dispatch_batches=True``;
 - ``stateful``: a shuffled loader on torchdata's StatefulDataLoader, its batches after two and a fresh one's
   after ``load_state_dict`` of the state taken there;
 - ``train``: 3 epochs of a shuffled loader of 64 samples (batch 4), ``save_state`` at step 5 into OUT/step_5;
@@ -79,6 +80,9 @@ def orders() -> dict[str, list[list[list[int]]]]:
     set_seed(42)
     split = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))
     result["split"] = read(split.prepare(DataLoader(dataset(24), batch_size=4, shuffle=True)))
+    set_seed(42)
+    dispatch = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    result["dispatch"] = read(dispatch.prepare(DataLoader(dataset(24), batch_size=2, shuffle=True)))
     return result
 
 
