@@ -34,6 +34,9 @@ def test_hung_rank_is_named_with_every_stack_within_the_timeout(tmp_path):
     assert ended - hung_at < TIMEOUT_S + 15, f"the job ended {ended - hung_at:.1f} s after the hang"
     # the worker's report: the collective, its sequence number, the rank that did not arrive, both stacks
     assert "overdrive: hang detected: rank 0 waited 8 s in collective #" in err
+    # the report leads: before it only the error's own line, no traceback (its stack is in the report)
+    assert "Traceback" not in err.split("overdrive: hang detected")[0], err
+    assert err.split("overdrive: hang detected")[1].splitlines()[1].startswith("overdrive: what to do:")
     assert "(gloo:all_reduce) and timed out; rank 1 did not arrive." in err
     assert "<- did not arrive" in err.split("-- rank 1:")[1].splitlines()[0]
     rank1_stack = err.split("-- rank 1:")[1].split("overdrive-hang-report")[0]

@@ -438,8 +438,14 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
         dog = _active
         if dog is not None:
             dog.post_exit()
-        previous(kind, error, tb)  # the error itself first, whatever the report does
         cause = "timeout" if is_timeout(error) else "lost" if is_peer_loss(error) else None
+        if dog is not None and cause:
+            # the error's own line first, whatever the report does; its stack is in the report (where the
+            # timeout was raised), so the report's first lines are the rank, the collective, what to do
+            previous(kind, error.with_traceback(None), None)
+            error.with_traceback(tb)
+        else:
+            previous(kind, error, tb)
         if dog is not None and cause:
             try:
                 dog.diagnose(error, cause)
