@@ -53,7 +53,8 @@ class CheckpointVerbs:
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
                    **save_model_func_kwargs: Any) -> str:
         """Save the whole training state (models, optimizers, schedulers, loss scaler, data-loader
-        positions, RNG states, step counters, registered objects) to ``output_dir``; call on every process.
+        positions, RNG states, step counters, registered objects) to ``output_dir``; call on every process
+        (or, as in Accelerate, on the main process only when it holds the whole state: one process or DDP).
 
         Each process writes its own shard (``torch.distributed.checkpoint``); the folder appears by one
         atomic rename once all are done. With ``automatic_checkpoint_naming`` the folder is

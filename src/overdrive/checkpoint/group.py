@@ -25,6 +25,13 @@ class Group:
         self.rank = process_group.rank() if self.active else 0
         self.size = process_group.world_size() if self.active else 1
 
+    @classmethod
+    def alone(cls) -> Group:
+        """This process on its own, every collective a no-op: a save that only the main process calls."""
+        group = cls.__new__(cls)
+        group.pg, group.active, group.rank, group.size = None, False, 0, 1
+        return group
+
     def arrive(self, what: str) -> None:
         """Check that every rank called ``what`` before its first collective: a save or load called on one
         rank (``if accelerator.is_main_process: accelerator.save_state(...)``) fails here, clearly, instead

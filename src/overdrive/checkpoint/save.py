@@ -55,7 +55,8 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
                async_save: bool | None = None, **unexpected: Any) -> str:
     """Save every piece of ``run`` (the Accelerator's training state) into ``output_dir``; return the folder.
 
-    Call it on every process. See :meth:`overdrive.Accelerator.save_state`.
+    Call it on every process, or on the main process only when it holds the whole state (one process or
+    DDP, as Accelerate allows). See :meth:`overdrive.Accelerator.save_state`.
     """
     del safe_serialization  # checkpoints are always DCP files + JSON, read back without unpickling
     if unexpected:
@@ -67,7 +68,15 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
                               "register_for_checkpointing) first. Nothing was written")
     background.wait_for_pending_save()  # the previous async save is published first
     group = Group()
-    group.arrive("save_state")  # before any collective
+    try:
+        group.arrive("save_state")  # before any collective
+    except CheckpointError as exc:
+        if "did not arrive" in str(exc) or not _can_save_alone(run, group):
+            raise  # a rank late past the timeout may still come: saving alone would not meet it
+        # `if accelerator.is_main_process: accelerator.save_state(...)` (diffusers' examples): Accelerate runs it
+        # under DDP, where the main process holds the whole state; so does overdrive, writing the folder of a
+        # one-process run (the other ranks' RNG states are not saved; load_state leaves theirs as they are)
+        group = Group.alone()
     project = run.project
     if async_save is None:
         async_save = bool(getattr(project, "async_save", False))
@@ -139,6 +148,16 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         raise
     project.iteration += 1
     return str(target)
+
+
+def _can_save_alone(run: TrainingState, group: Group) -> bool:
+    """Whether the main process holds the whole training state (one process, or DDP: no engine, no sharded
+    parameter), so that it can save without the other processes."""
+    from torch.distributed.tensor import DTensor
+
+    if group.rank != 0 or run.engine is not None:
+        return False
+    return not any(isinstance(p, DTensor) for model in run.objects.models for p in model.parameters())
 
 
 def _run_save_hooks(run: TrainingState, folder: Path) -> list[int]:
