@@ -17,8 +17,6 @@ from accelerate_usage_scan import LIBRARIES, compare, scan, scan_source, walk_al
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 INSTALLED = [name for name in LIBRARIES if importlib.util.find_spec(name) is not None]
-#: gaps another change fixes (helper "misc", branch bullets, issue 21): removed from here when it lands
-FIXED_ELSEWHERE: set[str] = set()
 
 
 def chain_text(chain: list[list[str]]) -> str:
@@ -89,8 +87,7 @@ def test_every_accelerate_name_the_libraries_use_resolves_under_the_alias(usage)
             "accelerate.utils.DistributedType.DEEPSPEED"} <= known
     if "sentence_transformers" in INSTALLED:  # it sets the property: a new attribute would change nothing
         assert "accelerate.Accelerator().even_batches" in known
-    gaps = {name: gap for name, gap in result["gaps"].items() if name not in FIXED_ELSEWHERE}
-    assert not gaps, json.dumps(gaps, indent=1)
+    assert not result["gaps"], json.dumps(result["gaps"], indent=1)
 
 
 BEHAVIOUR = """

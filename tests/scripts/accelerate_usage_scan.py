@@ -279,7 +279,7 @@ def compare(chains: dict[str, list[str]], src: str | None = None) -> dict[str, o
     ours = walk_in_child(decoded, "alias", src)
     gaps, absent_in_real = {}, []
     for key, chain, (real_done, real_why), (our_done, our_why) in zip(keys, decoded, real, ours):
-        if real_done == 0:
+        if real_why == "missing":  # the real Accelerate lacks a name on the way too: not required
             absent_in_real.append(key)
         if our_done < real_done:
             gaps[_show(chain[:our_done + 1])] = {"chain": _show(chain), "real": [real_done, real_why],
@@ -307,7 +307,7 @@ def main(argv: list[str]) -> int:
     chains = scan(packages)
     result = compare(chains, str(Path(__file__).resolve().parents[2] / "src"))
     print(f"{result['chains']} chains in {', '.join(packages)}; {result['steps_checked']} steps resolve on the "
-          f"real Accelerate; {len(result['absent_in_real'])} start with a name it lacks")
+          f"real Accelerate; {len(result['absent_in_real'])} reach a name it lacks too (not required)")
     for name, gap in sorted(result["gaps"].items()):  # type: ignore[union-attr]
         print(f"  {name}: real {gap['real']}, ours {gap['ours']}  ({gap['chain']}; {', '.join(gap['used_at'])})")
     return 1 if result["gaps"] else 0
