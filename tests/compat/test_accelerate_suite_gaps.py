@@ -18,6 +18,7 @@ from overdrive.compat.environment import convert_dict_to_env_variables, purge_ac
 from overdrive.compat.operations import CannotPadNestedTensorWarning, convert_outputs_to_fp32
 from overdrive.compat.other import clean_state_dict_for_safetensors, get_model_tp_size
 from overdrive.ops import concatenate, pad_across_processes, recursively_apply
+from overdrive.tracking import GeneralTracker
 from overdrive.utils.misc import extract_model_from_parallel
 
 
@@ -169,3 +170,47 @@ def test_unwrap_model_removes_ddp_inside_torch_compile_on_two_processes():
     for out in run_distributed(_unwrap_compiled_ddp, 2):
         assert out == {"ddp": "DistributedDataParallel", "kept_inner_is_model": True, "kept_type": "OptimizedModule",
                        "compiled_untouched": True, "plain_is_model": True}
+
+
+class _FlaggedTracker(GeneralTracker):
+    name = "suite_gap_tracker"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str, **kwargs) -> None:
+        super().__init__()
+        self.run_name, self.logging_dir = run_name, logging_dir
+
+    @property
+    def tracker(self):
+        return self
+
+
+def test_trackers_needing_a_directory_are_refused_without_one_and_registration_is_checked(tmp_path):
+    # test_tracking.py::TensorBoardTrackingTest::test_project_dir, RegisterTrackerClassTest
+    from overdrive import Accelerator
+    from overdrive.tracking import LOGGER_TYPE_TO_CLASS, register_tracker_class
+
+    with pytest.raises(ValueError, match="Logging with `tensorboard` requires a `logging_dir`"):
+        Accelerator(cpu=True, log_with="tensorboard")
+    with pytest.raises(ValueError):
+        register_tracker_class(dict)
+
+    class NoFlag(GeneralTracker):  # the base class's default does not count: Accelerate's has none
+        name = "no_flag"
+
+    with pytest.raises(ValueError, match="requires_logging_directory"):
+        register_tracker_class(NoFlag)
+    snapshot = dict(LOGGER_TYPE_TO_CLASS)
+    try:
+        register_tracker_class(_FlaggedTracker)
+        with pytest.warns(UserWarning, match="suite_gap_tracker"):
+            register_tracker_class(_FlaggedTracker)
+        with pytest.raises(ValueError, match="Logging with `suite_gap_tracker` requires a `logging_dir`"):
+            Accelerator(cpu=True, log_with="suite_gap_tracker")
+        accelerator = Accelerator(cpu=True, log_with="suite_gap_tracker", project_dir=str(tmp_path))
+        accelerator.init_trackers("run")
+        assert accelerator.get_tracker("suite_gap_tracker").logging_dir == str(tmp_path)
+    finally:
+        LOGGER_TYPE_TO_CLASS.clear()  # Accelerate's tests restore the registry this way
+        LOGGER_TYPE_TO_CLASS.update(snapshot)
+    assert "suite_gap_tracker" not in LOGGER_TYPE_TO_CLASS and "tensorboard" in LOGGER_TYPE_TO_CLASS

@@ -78,7 +78,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
                                          deepspeed, errors)
     rng = _resolve_rng_types(rng_types, errors)
     compile_settings = _resolve_compile(dynamo_plugin, dynamo_backend, launched, errors)
-    trackers = _resolve_log_with(log_with, errors)
+    trackers = _resolve_log_with(log_with, (project_config or ProjectConfiguration()).logging_dir, errors)
     _check_dataloader(dataloader_config, errors)
     if errors:
         raise ValueError("invalid Accelerator settings:\n  - " + "\n  - ".join(errors))
@@ -198,15 +198,21 @@ def _resolve_rng_types(rng_types: list[str | RNGType] | None, errors: list[str])
     return rng
 
 
-def _resolve_log_with(log_with: Any, errors: list[str]) -> tuple[Any, ...]:
-    """The trackers named (a tuple), each checked; the tracker libraries load only when started."""
+def _resolve_log_with(log_with: Any, logging_dir: str | None, errors: list[str]) -> tuple[Any, ...]:
+    """The trackers named (a tuple), each checked, and a logging directory for those that write to one (as
+    Accelerate checks in its constructor); the tracker libraries load only when started."""
     if log_with is None:
         return ()
     named = tuple(log_with) if isinstance(log_with, (list, tuple)) else (log_with,)
     if log_with:
-        from overdrive.tracking import check_log_with
+        from overdrive.tracking.base import check_log_with, trackers_needing_a_directory
 
-        errors.extend(check_log_with(list(named)))
+        problems = check_log_with(list(named))
+        errors.extend(problems)
+        if not problems and logging_dir is None:
+            errors.extend(f"Logging with `{name}` requires a `logging_dir` to be passed in: give "
+                          "Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...)"
+                          for name in trackers_needing_a_directory(list(named)))
     return named
 
 

@@ -146,6 +146,11 @@ def register_tracker(name: str, cls: type[GeneralTracker]) -> None:
     _REGISTRY[name] = cls
 
 
+def unregister_tracker(name: str) -> None:
+    """Forget the tracker registered as ``name`` (a ``KeyError`` when there is none)."""
+    del _REGISTRY[name]
+
+
 def tracker_names() -> list[str]:
     """Every name ``log_with`` accepts, besides ``"all"``."""
     return sorted(_REGISTRY)
@@ -234,6 +239,12 @@ def check_log_with(log_with: Iterable[Any]) -> list[str]:
                 problems.append(f"the {entry!r} tracker needs the {package!r} package, which is not "
                                 f"installed: pip install {package}")
     return problems
+
+
+def trackers_needing_a_directory(log_with: Iterable[Any]) -> list[str]:
+    """The names in ``log_with`` (``"all"`` expanded) whose tracker requires a logging directory."""
+    chosen, _ = _expand(log_with)
+    return [e for e in chosen if isinstance(e, str) and tracker_class(e).requires_logging_directory]
 
 
 def start_trackers(log_with: Iterable[Any], project_name: str, *, config: dict | None = None,
