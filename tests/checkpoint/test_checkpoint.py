@@ -299,3 +299,14 @@ def test_merge_weights_in_one_process(tmp_path: Path, capsys: pytest.CaptureFixt
     assert same(load_file(tmp_path / "out" / "model.safetensors"), snapshot(run)["model"])
     (path / "manifest.json").write_text("{}")  # a damaged checkpoint is not a usage error
     assert merge_weights_main([str(path), str(tmp_path / "o4")]) == 1
+
+
+def test_register_for_checkpointing_names_each_object_without_state_dict() -> None:
+    # Accelerate's wording (its test_state_checkpointing.py::test_invalid_registration reads it)
+    net = nn.Linear(2, 2)
+    with pytest.raises(ValueError) as error:
+        Accelerator().register_for_checkpointing(torch.tensor([1]), torch.tensor([2]), net,
+                                                 torch.optim.SGD(net.parameters(), lr=0.1))
+    message = str(error.value)
+    assert "Item at index 0" in message and "Item at index 1" in message
+    assert "Item at index 2" not in message and "Item at index 3" not in message

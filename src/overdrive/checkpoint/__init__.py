@@ -41,7 +41,7 @@ def check_stateful(objects: Iterable[Any]) -> list[Any]:
     """``objects`` as a list, if each has ``state_dict()`` and ``load_state_dict()``; otherwise an error
     that names every one that lacks them."""
     objects = list(objects)
-    bad = [f"{i}: {type(obj).__name__} ({obj!r:.60})" for i, obj in enumerate(objects)
+    bad = [f"Item at index {i}: {type(obj).__name__} ({obj!r:.60})" for i, obj in enumerate(objects)
            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
     if bad:
         raise ValueError("register_for_checkpointing() needs objects with state_dict() and load_state_dict() "
