@@ -203,3 +203,21 @@ def test_offloaded_weights_round_trip_with_accelerates_files(tmp_path: Path, dty
         index = write.offload_weight(weight, "w", str(folder), {})
         back = read.load_offloaded_weight(str(folder / "w.dat"), index["w"])
         assert back.dtype == dtype and torch.equal(back.view(torch.uint8), weight.view(torch.uint8))
+
+
+@pytest.mark.parametrize("device_map", [None, {"": "cpu"}])
+def test_unexpected_checkpoint_keys_are_logged_or_refused_as_in_accelerate(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, device_map: dict | None) -> None:
+    _, modeling = real()
+    from overdrive.big_model import load_checkpoint_in_model
+
+    state = Small().state_dict()
+    state["foo"] = torch.rand(4, 5)
+    torch.save(state, tmp_path / "model.pt")
+    for load in (modeling.load_checkpoint_in_model, load_checkpoint_in_model):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            load(Small(), str(tmp_path / "model.pt"), device_map=device_map)
+        assert any("were not used when" in r.getMessage() and "foo" in r.getMessage() for r in caplog.records)
+        with pytest.raises((ValueError, RuntimeError)):
+            load(Small(), str(tmp_path / "model.pt"), device_map=device_map, strict=True)

@@ -86,8 +86,8 @@ def _check_keys(model: nn.Module, checkpoint: Checkpoint, strict: bool) -> set[s
         logger.warning("Some weights of %s were not in the checkpoint %s and keep their current values: %s",
                        type(model).__name__, checkpoint.source, missing)
     if unexpected:
-        logger.warning("Some weights of the checkpoint %s were not used by %s: %s", checkpoint.source,
-                       type(model).__name__, unexpected)
+        logger.warning("Some weights of the checkpoint %s were not used when initializing %s (the model has no "
+                       "such names): %s", checkpoint.source, type(model).__name__, unexpected)
     return set(unexpected)
 
 
