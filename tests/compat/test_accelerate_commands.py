@@ -75,3 +75,24 @@ def test_launch_command_raises_as_accelerate_does(tmp_path: Path, monkeypatch: p
     args = cli_launch.launch_command_parser().parse_args(["--config_file", str(tmp_path / "bad.yaml"), "t.py"])
     with pytest.raises(ValueError, match="invalid_key"):  # Accelerate: ValueError naming the unknown keys
         cli_launch.launch_command(args)
+
+
+def test_launch_command_under_the_alias_aliases_the_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command line that reached overdrive through ``import accelerate`` (TRL's) launches scripts whose
+    ``import accelerate`` gives overdrive too, as Accelerate's launcher gives them Accelerate."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("OVERDRIVE_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    script = tmp_path / "train.py"
+    script.write_text("import accelerate, os, sys\nopen(os.path.join(sys.argv[1], 'who'), 'w').write("
+                      "accelerate.__spec__.name)\n")
+    code = ("import overdrive, sys\noverdrive.install_as_accelerate()\n"
+            "from accelerate.commands.launch import launch_command, launch_command_parser\n"
+            "launch_command(launch_command_parser().parse_args(['--quiet', sys.argv[1], sys.argv[2]]))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(script), str(tmp_path)], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "who").read_text() == "overdrive"

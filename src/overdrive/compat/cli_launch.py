@@ -122,7 +122,10 @@ def overdrive_namespace(args: argparse.Namespace) -> argparse.Namespace:
         keep = dest in _KEEP or dest in given or changed
         setattr(out, dest, value if keep else None)
     out.module, out.no_python = bool(out.module), bool(out.no_python)
-    out.as_accelerate = bool(getattr(out, "as_accelerate", False))
+    from overdrive.compat.alias import is_installed_as_accelerate
+
+    # called through the alias (TRL's command line): the script gets 'accelerate' as this process does
+    out.as_accelerate = bool(getattr(out, "as_accelerate", False)) or is_installed_as_accelerate()
     out.role = out.role or "default"
     return out
 
