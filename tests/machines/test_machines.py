@@ -238,3 +238,22 @@ def test_a_machine_that_never_joins_is_named_within_the_rendezvous_timeout(clust
     # (43.1 s measured with a 15 s timeout): torchrun's own retries, bounded here generously
     assert ended[0] < 15 + 30 and ended[1] < 3 * 15 + 30
     assert no_processes_left(cluster)
+
+
+@pytest.mark.timeout(180)
+def test_doctor_together_checks_versions_clocks_and_an_all_reduce_across_the_machines(cluster, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
+    env.update(PYTHONPATH=f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}", OVERDRIVE_CONFIG_FILE=str(tmp_path / "x"))
+    procs = [cluster.start(i, [sys.executable, "-m", "overdrive.cli", "doctor", "--together", "--num_machines", "2",
+                               "--machine_rank", str(i), "--main_process_ip", cluster.address(0),
+                               "--main_process_port", "29510", "--checkpoint_dir", str(tmp_path)],
+                           env, tmp_path / f"doctor{i}.out", tmp_path / f"doctor{i}.err") for i in (0, 1)]
+    for proc in procs:
+        proc.wait(timeout=150)
+    outs = [(tmp_path / f"doctor{i}.out").read_text() + (tmp_path / f"doctor{i}.err").read_text() for i in (0, 1)]
+    for out in outs:
+        assert "  ok  versions: every machine runs overdrive" in out, out
+        assert "  ok  clocks: within 1 s of machine 0 (machine 1 +" in out, out  # one host: one clock
+        assert "  ok  all-reduce: a gloo all-reduce over 2 machines (one process each) gave 3" in out, out
+    # machine 0 saw machine 1's marker in the shared folder too, so both agree nothing stops a job
+    assert [p.returncode for p in procs] == [0, 0], outs

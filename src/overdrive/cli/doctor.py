@@ -50,6 +50,9 @@ def add_parser(sub: Any) -> None:
     add_flag(parser, "main_process_port", metavar="PORT", help=f"port of the rendezvous (default {DEFAULT_PORT})")
     add_flag(parser, "checkpoint_dir", metavar="DIR", help="where checkpoints will be written (default: here)")
     add_flag(parser, "timeout", metavar="SECONDS", help="how long to try to reach the main machine (default 3)")
+    add_flag(parser, "together", action="store_true", default=False,
+             help="run on every machine at the same time: compare versions and clocks across the machines and "
+                  "run a tiny all-reduce between them (imports torch; waits up to --timeout for the others)")
     parser.set_defaults(run=run)
 
 
@@ -186,9 +189,9 @@ def check_shared(folder: Path, num_machines: int) -> Check:
 
 
 def run_checks(num_machines: int, machine_rank: int, address: str | None, port: int, folder: Path,
-               timeout: float) -> list[Check]:
-    """Run the checks that apply to this machine (the port on rank 0, the rendezvous on the others) and
-    return every finding, in the order printed."""
+               timeout: float, together: bool = False) -> list[Check]:
+    """Run the checks that apply to this machine (the port on rank 0, the rendezvous on the others, or with
+    ``together`` the meeting of every machine's doctor) and return every finding, in the order printed."""
     checks = [check_hostname(num_machines)]
     if machine_rank == 0:
         checks.append(check_port(port))
@@ -196,7 +199,7 @@ def run_checks(num_machines: int, machine_rank: int, address: str | None, port: 
         if not address:
             checks.append(Check("rendezvous", "FAIL", "several machines but no --main_process_ip",
                                 "give the address of the machine of rank 0 on every machine"))
-        elif machine_rank > 0:
+        elif machine_rank > 0 and not together:  # together: the doctors' own meeting checks the port
             checks.append(check_rendezvous(address, port, timeout))
     checks += check_interfaces(num_machines)
     checks += check_disk(folder)
@@ -222,7 +225,15 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise UsageError(problems)
     checks = run_checks(values["num_machines"], values["machine_rank"], _setting(args, config, "main_process_ip", None),
-                        values["main_process_port"], Path(args.checkpoint_dir or "."), float(timeout))
+                        values["main_process_port"], Path(args.checkpoint_dir or "."), float(timeout),
+                        together=bool(getattr(args, "together", False)))
+    address = _setting(args, config, "main_process_ip", None)
+    if getattr(args, "together", False) and values["num_machines"] > 1 and address:
+        from overdrive.cli.doctor_together import check_together
+
+        checks += [Check(*found) for found in check_together(values["num_machines"], values["machine_rank"],
+                                                             address, values["main_process_port"],
+                                                             max(float(timeout), 30.0))]
     for check in checks:
         print(f"{check.status:>4}  {check.name}: {check.detail}")
         if check.fix:
