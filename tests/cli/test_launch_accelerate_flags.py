@@ -127,3 +127,28 @@ def test_ignored_flags_are_accepted_as_accelerate_accepts_them(script: Path) -> 
              "--megatron_lm_tp_degree", "2", "--parallelism_config_tp_size", "2", "--fp8_margin", "3",
              "--no_tpu_cluster", "--fsdp_activation_checkpointing_offload", "false"]
     assert _delta(_ours([*BASE, *quiet], script), _ours(BASE, script)) == {"ACCELERATE_DOWNCAST_BF16": "true"}
+
+
+def test_worker_resolves_the_flags(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's Accelerator reads what the flags put in the launch config (compile mode, fullgraph,
+    dynamic, regional compilation), with no argument in the script."""
+    from overdrive import Accelerator
+    from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR
+    from overdrive.state import AcceleratorState
+
+    parser = Parser(prog="overdrive launch")
+    add_launch_flags(parser)
+    parser.add_argument("training_script")
+    parser.add_argument("training_script_args", nargs="*")
+    plan, _, _ = plan_launch(parser.parse_args(["--cpu", "--dynamo_backend", "inductor", "--dynamo_mode",
+                                                "max-autotune", "--dynamo_use_fullgraph", "--dynamo_use_dynamic",
+                                                "--dynamo_use_regional_compilation", str(script)]))
+    for name, value in worker_environ(plan).items():
+        if value is not None and (name == LAUNCH_CONFIG_VAR or name.startswith("ACCELERATE_")):
+            monkeypatch.setenv(name, value)
+    try:
+        compiled = Accelerator(cpu=True).plan.transforms.compile
+    finally:
+        AcceleratorState._reset_state(True)
+    assert (compiled.backend, compiled.mode, compiled.fullgraph, compiled.dynamic, compiled.regional) == \
+        ("inductor", "max-autotune", True, True, True)
