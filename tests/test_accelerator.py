@@ -188,3 +188,14 @@ def test_unknown_tracker_is_reported_with_the_other_errors():
     with pytest.raises(ValueError) as info:
         Accelerator(log_with=["tensorbored"], mixed_precision="fp64")
     assert "tensorbored" in str(info.value) and "fp64" in str(info.value)
+
+
+def test_prepared_objects_are_marked_as_accelerate_marks_them():
+    # libraries (and Accelerate's test_is_accelerator_prepared) read _is_accelerate_prepared
+    accelerator = Accelerator()
+    model = nn.Linear(2, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    train, valid = DataLoader(list(range(8)), batch_size=2), DataLoader(list(range(4)), batch_size=2)
+    prepared = accelerator.prepare(model, optimizer, scheduler, train, valid, [1, 2, 3])
+    assert [getattr(obj, "_is_accelerate_prepared", False) for obj in prepared] == [True] * 5 + [False]

@@ -57,6 +57,15 @@ if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with th
     )
 
 
+def _mark_prepared(obj: Any) -> None:
+    """``obj._is_accelerate_prepared = True``, which libraries read as Accelerate sets it (skipped where the
+    object takes no attributes)."""
+    try:
+        obj._is_accelerate_prepared = True
+    except (AttributeError, TypeError):
+        pass
+
+
 class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerbs, AccelerateSurface):
     """Run one training loop on a CPU, one device, or many processes, with mixed precision and
     gradient accumulation::
@@ -187,6 +196,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             for i, obj in enumerate(list(result)):
                 if isinstance(obj, kinds) and not self.prepared.contains(obj):
                     result[i] = self._prepare_one(obj, placement[i])
+        for obj in result:
+            if self.prepared.contains(obj):
+                _mark_prepared(obj)
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
