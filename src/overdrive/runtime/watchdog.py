@@ -72,7 +72,10 @@ def bounded(call: Callable[[], Any], seconds: float) -> Any:
             box["error"] = exc
 
     thread = threading.Thread(target=run, name="overdrive-store-call", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # the interpreter is shutting down (Python >= 3.12 starts no thread then): call directly
+        return call()
     thread.join(seconds)
     if thread.is_alive():
         raise StoreUnreachable(f"no answer within {seconds:g} s")
