@@ -17,6 +17,7 @@ the handler that was there before (the default crash, or ``faulthandler``'s). A 
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import mmap
@@ -99,6 +100,8 @@ def _install() -> None:
     if libc.sigaction(signal.SIGBUS, ctypes.byref(action), ctypes.byref(previous)) != 0:
         raise OSError(ctypes.get_errno(), "could not install the SIGBUS guard for mapped weights")
     _installed.extend([callback, previous, libc])
+    # the previous handler back before the interpreter frees the callback
+    atexit.register(libc.sigaction, signal.SIGBUS, ctypes.byref(previous), None)
 
 
 def _on_sigbus(signum: int, info: int, context: int) -> None:
@@ -128,7 +131,8 @@ def _on_sigbus(signum: int, info: int, context: int) -> None:
 def _patch(address: int) -> set[int]:
     """Zero pages over the lost part of the mapping holding ``address``; the threads to tell."""
     _, previous, libc = _installed
-    found = [(start, region) for start, region in _regions.items() if start <= address < region.end]
+    # (list(): one C call, a snapshot that another thread freeing a map cannot change under the loop)
+    found = [(start, region) for start, region in list(_regions.items()) if start <= address < region.end]
     if not found:
         import signal
 
