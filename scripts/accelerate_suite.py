@@ -44,11 +44,11 @@ SITE = ROOT / "scripts" / "accelerate_suite_site"
 REFERENCE = ROOT / "tests" / "compat" / "accelerate_suite_reference.txt"
 KNOWN = ROOT / "tests" / "compat" / "accelerate_suite_known.txt"
 SIDES = ("accelerate", "overdrive")
-#: the files CI runs (overdrive side only): quick ones that cover the Accelerator, utils, kwargs, dataclasses,
-#: trackers, checkpointing and the launched test scripts
-CI_FILES = ("test_accelerator.py", "test_utils.py", "test_kwargs_handlers.py", "test_dataclasses.py",
-            "test_tracking.py", "test_imports.py", "test_memory_utils.py", "test_logging.py", "test_optimizer.py",
-            "test_scheduler.py", "test_state_checkpointing.py", "test_grad_sync.py", "test_cpu.py")
+#: the files CI runs (overdrive side only): the quick ones (103-195 s together on 2 shared cores), covering the
+#: utilities, dataclasses, kwargs handlers, logging, memory, imports, compile, optimizer and checkpointing
+CI_FILES = ("test_dataclasses.py", "test_logging.py", "test_utils.py", "test_memory_utils.py",
+            "test_kwargs_handlers.py", "test_imports.py", "test_compile.py", "test_multidevice.py",
+            "test_optimizer.py", "test_activation_checkpointing_offload.py", "test_state_checkpointing.py")
 
 
 def fetch(cache: Path) -> Path:
@@ -85,8 +85,10 @@ def _write_accelerate_command(folder: Path) -> None:
     command.chmod(0o755)
 
 
-def run_side(side: str, tree: Path, files: list[str], cache: Path, timeout: int) -> tuple[dict[str, str], dict]:
-    """Run each test file in its own pytest process under ``side``; the outcomes and seconds per file."""
+def run_side(side: str, tree: Path, files: list[str], cache: Path, timeout: int,
+             reuse: bool = False) -> tuple[dict[str, str], dict]:
+    """Run each test file in its own pytest process under ``side``; the outcomes and seconds per file.
+    ``reuse``: read a file's outcomes from the last run's report in ``cache`` when there is one."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), str(ROOT / "src"), env.get("PYTHONPATH")) if p)
     env["ACCELERATE_SUITE_SIDE"] = side
@@ -99,6 +101,9 @@ def run_side(side: str, tree: Path, files: list[str], cache: Path, timeout: int)
     seconds: dict[str, float] = {}
     for name in files:
         report = cache / f"report-{side}-{name}.json"
+        if reuse and report.exists():
+            outcomes.update(json.loads(report.read_text()))
+            continue
         report.unlink(missing_ok=True)
         env["ACCELERATE_SUITE_REPORT"] = str(report)
         start = time.monotonic()
@@ -147,6 +152,27 @@ def read_known() -> dict[str, str]:
     return known
 
 
+#: the reason written for a new gap, by test file (who is fixing it)
+GAP_REASONS = {
+    "test_data_loader.py": "data loaders and samplers (issue 21, helper data)",
+    **dict.fromkeys(("test_cli.py", "test_launch.py", "test_big_modeling.py", "test_modeling_utils.py",
+                     "test_offload.py", "test_hooks.py", "test_load_checkpoint_and_dispatch_with_broadcast.py",
+                     "test_sagemaker.py"), "commands, launch and big-model loading (issue 21, helper misc)"),
+}
+
+
+def update_known(files: list[str], overdrive: dict[str, str], reference: set[str], known: dict[str, str]) -> None:
+    """Rewrite the known list for the tests of ``files``: drop listed tests that pass (or that no longer pass
+    under Accelerate) and add each unlisted failure as a gap; the other lines are kept as they are."""
+    ran = set(files)
+    drop = {t for t in known if _file_of(t) in ran and (overdrive.get(t) == "passed" or t not in reference)}
+    new = sorted(t for t in reference if _file_of(t) in ran and overdrive.get(t) != "passed" and t not in known)
+    lines = [line for line in KNOWN.read_text().splitlines() if line.partition("#")[0].strip() not in drop]
+    lines += [f"{t}  # {GAP_REASONS.get(_file_of(t), 'not yet fixed (issue 21)')}" for t in new]
+    KNOWN.write_text("\n".join(lines) + "\n")
+    print(f"{KNOWN.name}: {len(drop)} removed, {len(new)} added as gaps")
+
+
 def _file_of(test: str) -> str:
     return test.split("::")[0].removeprefix("tests/")
 
@@ -191,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="apply the ratchet (the known list, the reference)")
     parser.add_argument("--record", action="store_true", help="run the Accelerate side, rewrite the reference")
     parser.add_argument("--cache", type=Path, default=ROOT / ".cache" / "accelerate_suite")
+    parser.add_argument("--reuse", action="store_true", help="take each file's outcomes from the last run's report")
+    parser.add_argument("--update-known", action="store_true",
+                        help="list every unlisted failure as a gap and drop listed tests that pass (then edit reasons)")
     parser.add_argument("--file-timeout", type=int, default=1800, help="seconds for one test file")
     args = parser.parse_args(argv)
     if args.ci:
@@ -205,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, dict] = {}
     for side in sides:
         start = time.monotonic()
-        results[side], seconds[side] = run_side(side, tree, files, args.cache, args.file_timeout)
+        results[side], seconds[side] = run_side(side, tree, files, args.cache, args.file_timeout, args.reuse)
         print(f"{side}: {time.monotonic() - start:.0f} s for {len(files)} files", flush=True)
     table(files, results, seconds)
     if args.record:
@@ -223,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         for test in sorted(t for t in reference if _file_of(t) in set(files)):
             if results["overdrive"].get(test) != "passed":
                 print(f"  {test}  [{results['overdrive'].get(test, 'not run')}]  {known.get(test, 'NOT LISTED')}")
+    if args.update_known and "overdrive" in results:
+        update_known(files, results["overdrive"], reference, known)
+        known = read_known()
     if args.check and "overdrive" in results:
         problems = check(files, results["overdrive"], reference, known)
         for problem in problems:

@@ -127,8 +127,13 @@ class PartialState:
 
     @property
     def debug(self) -> bool:
-        """Whether distributed debug checks are on (``--debug`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``)."""
-        return self.plan.debug
+        """Whether distributed debug checks are on (``--debug`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``);
+        settable, as in Accelerate (its test scripts switch it on for operation checks)."""
+        return self.__dict__.get("_debug_override", self.plan.debug)
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self.__dict__["_debug_override"] = bool(value)
 
     # -- process control ----------------------------------------------------------------------------
     def wait_for_everyone(self) -> None:

@@ -214,3 +214,16 @@ def test_trackers_needing_a_directory_are_refused_without_one_and_registration_i
         LOGGER_TYPE_TO_CLASS.clear()  # Accelerate's tests restore the registry this way
         LOGGER_TYPE_TO_CLASS.update(snapshot)
     assert "suite_gap_tracker" not in LOGGER_TYPE_TO_CLASS and "tensorboard" in LOGGER_TYPE_TO_CLASS
+
+
+def test_partial_state_debug_is_settable_and_shared():
+    # test_cpu.py (Accelerate's test_ops.py sets PartialState().debug = True)
+    from overdrive.state import PartialState
+
+    state = PartialState()
+    before = state.debug
+    try:
+        state.debug = True
+        assert PartialState().debug is True
+    finally:
+        state.debug = before

@@ -94,7 +94,7 @@ def _elastic_run(function: Callable[..., Any], args: tuple, *, nproc_per_node: i
             return elastic_launch(config, _run_function)(function, int(env["OMP_NUM_THREADS"]), *args)
     except ChildFailedError as err:
         report, code = describe_failures(err.failures, log_dir, max_restarts)
-        raise LaunchError(report.replace("overdrive launch:", f"{function.__name__}:", 1), code) from None
+        raise LaunchError(report.replace("overdrive launch:", f"{getattr(function, '__name__', repr(function))}:", 1), code) from None
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
 
