@@ -227,3 +227,12 @@ def test_partial_state_debug_is_settable_and_shared():
         assert PartialState().debug is True
     finally:
         state.debug = before
+
+
+def test_distributed_type_has_every_member_of_accelerate_1_15():
+    # Accelerate's test_sync.py (run by test_grad_sync.py) names MULTI_SDAA and MULTI_NEURON
+    from overdrive.config import DistributedType
+
+    assert {m.value for m in DistributedType} >= {
+        "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU",
+        "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON"}

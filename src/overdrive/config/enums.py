@@ -32,6 +32,8 @@ class DistributedType(_StrEnum):
     MULTI_MLU = "MULTI_MLU"
     MULTI_MUSA = "MULTI_MUSA"
     MULTI_HPU = "MULTI_HPU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_NEURON = "MULTI_NEURON"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
