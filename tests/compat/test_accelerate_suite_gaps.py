@@ -236,3 +236,13 @@ def test_distributed_type_has_every_member_of_accelerate_1_15():
     assert {m.value for m in DistributedType} >= {
         "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU",
         "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON"}
+
+
+def test_torch_dynamo_plugin_reads_the_launched_variables_and_gives_only_what_differs(monkeypatch):
+    # test_kwargs_handlers.py::KwargsHandlerTester::test_torch_dynamo_plugin
+    from overdrive.config import TorchDynamoPlugin
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "aot_ts_nvfuser")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")
+    assert TorchDynamoPlugin().to_kwargs() == {"backend": "aot_ts_nvfuser", "mode": "reduce-overhead"}
+    assert TorchDynamoPlugin(backend="eager").to_kwargs() == {"backend": "eager", "mode": "reduce-overhead"}

@@ -4,6 +4,7 @@ and activation checkpointing (``ActivationCheckpointingKwargs``)."""
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,10 +88,22 @@ class TorchDynamoPlugin:
                 "use_regional_compilation": self.use_regional_compilation}
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``torch.compile``."""
-        kwargs = self.to_dict()
-        kwargs.pop("use_regional_compilation")
+        """The ``torch.compile`` settings that differ from the defaults (as Accelerate's ``to_kwargs``)."""
+        kwargs = {k: v for k, v in self.to_dict().items() if _DYNAMO_DEFAULTS.get(k) != v}
+        kwargs.pop("use_regional_compilation", None)
         return kwargs
+
+    def __post_init__(self) -> None:
+        # as Accelerate: a backend or mode left out is read from what `launch --dynamo_*` exports
+        if self.backend is None and "ACCELERATE_DYNAMO_BACKEND" in os.environ:
+            self.backend = os.environ["ACCELERATE_DYNAMO_BACKEND"]
+        if self.mode is None and "ACCELERATE_DYNAMO_MODE" in os.environ:
+            self.mode = os.environ["ACCELERATE_DYNAMO_MODE"]
+
+
+#: TorchDynamoPlugin().to_dict() in an empty environment
+_DYNAMO_DEFAULTS: dict[str, Any] = {"backend": "no", "mode": "default", "fullgraph": False, "dynamic": None,
+                                    "options": None, "disable": False, "use_regional_compilation": False}
 
 
 @dataclass

@@ -245,8 +245,8 @@ def _resolve_compile(plugin: TorchDynamoPlugin | None, backend: str | None, laun
                       "backend in one place")
     if plugin is None:  # the launch config's (Accelerate's dynamo_config keys, or its variables)
         given = launched.get("dynamo_config") or {}
-        plugin = TorchDynamoPlugin(
-            mode=given.get("dynamo_mode"), fullgraph=bool(given.get("dynamo_use_fullgraph", False)),
+        plugin = TorchDynamoPlugin(  # the backend given here wins over ACCELERATE_DYNAMO_BACKEND
+            backend=backend if backend is not None else launched.get("dynamo_backend"), mode=given.get("dynamo_mode"), fullgraph=bool(given.get("dynamo_use_fullgraph", False)),
             dynamic=given.get("dynamo_use_dynamic"),
             use_regional_compilation=bool(given.get("dynamo_use_regional_compilation", False)))
     else:
