@@ -59,6 +59,8 @@ class CheckpointVerbs:
         Each process writes its own shard (``torch.distributed.checkpoint``); the folder appears by one
         atomic rename once all are done. With ``automatic_checkpoint_naming`` the folder is
         ``<project_dir>/checkpoints/checkpoint_<iteration>`` and ``total_limit`` applies. Returns the folder.
+        ``accelerate_layout=True`` (one process or DDP) also writes Accelerate's own files
+        (``model.safetensors``, ``optimizer.bin``, ...), so that Accelerate's ``load_state`` reads the folder.
         """
         from overdrive.checkpoint import save_state
 

@@ -24,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from overdrive.checkpoint import background, naming, space
+from overdrive.checkpoint.accelerate_layout import check_layout_possible, write_accelerate_files
 from overdrive.checkpoint.codec import encode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
@@ -52,13 +53,15 @@ WRITER_THREADS = 2
 
 
 def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-               async_save: bool | None = None, **unexpected: Any) -> str:
+               async_save: bool | None = None, accelerate_layout: bool = False, **unexpected: Any) -> str:
     """Save every piece of ``run`` (the Accelerator's training state) into ``output_dir``; return the folder.
 
     Call it on every process, or on the main process only when it holds the whole state (one process or
-    DDP, as Accelerate allows). See :meth:`overdrive.Accelerator.save_state`.
+    DDP, as Accelerate allows). ``accelerate_layout=True`` also writes Accelerate's own files (one process or
+    DDP; see ``accelerate_layout.py``). See :meth:`overdrive.Accelerator.save_state`.
     """
-    del safe_serialization  # checkpoints are always DCP files + JSON, read back without unpickling
+    # overdrive's own files are always DCP + JSON, read back without unpickling; safe_serialization only
+    # chooses model.safetensors or pytorch_model.bin for the Accelerate layout
     if unexpected:
         raise TypeError(f"save_state() got unexpected arguments {sorted(unexpected)}")
     objects = run.objects
@@ -66,6 +69,8 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         raise CheckpointError("save_state(): nothing to save: no model, optimizer, scheduler or data loader was "
                               "prepared and no object registered; call accelerator.prepare(...) (or "
                               "register_for_checkpointing) first. Nothing was written")
+    if accelerate_layout:
+        check_layout_possible(run)
     background.wait_for_pending_save()  # the previous async save is published first
     group = Group()
     try:
@@ -102,7 +107,8 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         group.check(error, f"save_state({str(target)!r}): a save_state pre-hook failed")
         kept = group.broadcast(kept)  # the main process's choice
         try:
-            flat, summary = _write_json_parts(run, group, temporary, kept)
+            flat, summary = _write_json_parts(run, group, temporary, kept,
+                                              safe_serialization if accelerate_layout else None)
         except Exception as exc:  # noqa: BLE001 - reported on every rank
             error, flat, summary = exc, {}, {}
         group.check(error, f"save_state({str(target)!r}) could not collect the training state")
@@ -213,8 +219,10 @@ def engine_of(run: TrainingState) -> Any:
     return run.engine
 
 
-def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list[int]) -> tuple[dict, dict]:
+def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list[int],
+                      accelerate_safe: bool | None = None) -> tuple[dict, dict]:
     """Write ``rank_<r>.json`` (and ``state.json`` on rank 0); return DCP's flat state dict and a summary.
+    ``accelerate_safe`` not None: also write Accelerate's files (safetensors weights when True).
 
     The JSON files are fsync'ed later, when the manifest describes them (in the background for an async
     save: the training loop does not wait for the disk)."""
@@ -242,8 +250,11 @@ def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list
 
     device = run.device
     generators = [getattr(loader, "generator", None) for loader in run.objects.dataloaders]
+    rng = capture_rng(device)
+    if accelerate_safe is not None:  # the hook-saved models are skipped, as in Accelerate
+        write_accelerate_files(run, folder, group.rank, group.rank == 0, kept, rng, accelerate_safe)
     write_json(folder / rank_file(group.rank), {
-        "rank": group.rank, "rng": encode(capture_rng(device)),
+        "rank": group.rank, "rng": encode(rng),
         "loader_generators": [None if g is None else encode(g.get_state()) for g in generators]}, sync=False)
     summary = {"models": kept, "optimizers": len(optimizers), "schedulers": len(run.objects.schedulers),
                "dataloaders": len(run.objects.dataloaders), "custom_objects": len(run.objects.custom_objects),
