@@ -30,7 +30,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self.gradient_state = gradient_state or GradientState()
         self._window = self.gradient_state.window  # read on every step: one attribute, not a property
-        self._step_was_skipped = False
+        # Accelerate's name: scripts and Accelerate's tests read and set it (a step without a scaler leaves it)
+        self._is_overflow = False
         self._unscaled = False
 
     # -- delegated state ----------------------------------------------------------------------------
@@ -99,19 +100,18 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return None
         self._unscaled = False
         if self.scaler is None:
-            self._step_was_skipped = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         scale = self.scaler.get_scale()
         result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
         self.scaler.update()
         # The scaler lowers its scale exactly when it found inf/nan gradients and skipped the step.
-        self._step_was_skipped = self.scaler.get_scale() < scale
+        self._is_overflow = self.scaler.get_scale() < scale
         return result
 
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last ``step()`` was skipped because fp16 gradients overflowed."""
-        return self._step_was_skipped
+        return self._is_overflow
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()

@@ -11,11 +11,14 @@ from overdrive.state import GradientState
 class AcceleratedScheduler:
     """Wraps a user's LR scheduler so that calling ``scheduler.step()`` on every batch stays right.
 
-    - During accumulation it does not step (with ``adjust_scheduler`` only its step counter moves, so
-      torch does not warn about the order of ``optimizer.step`` and ``scheduler.step``).
-    - When the optimizer skipped its step (fp16 overflow) it does not step either.
+    - During accumulation it does not step. ``GradientAccumulationPlugin(adjust_scheduler=...)`` changes
+      nothing, as in Accelerate 1.15: its ``GradientState`` keeps only the plugin's non-default settings and
+      reads ``adjust_scheduler`` with a False default, so the scheduler's step counter never moves there.
+    - When an optimizer's step was skipped (``step_was_skipped``: fp16 overflow, or ``_is_overflow`` set by
+      the script, as Accelerate reads it) it does not step either.
     - Without ``split_batches`` each step consumes ``num_processes`` batches of the original loader, so
-      it steps ``num_processes`` times: a schedule written in single-process steps keeps its length.
+      it steps ``num_processes`` times: a schedule written in single-process steps keeps its length. A
+      ``OneCycleLR`` stops once its step counter passes ``total_steps`` (it would raise past its end).
     """
 
     def __init__(self, scheduler: Any, optimizers: list[AcceleratedOptimizer], step_with_optimizer: bool = True,
@@ -28,10 +31,6 @@ class AcceleratedScheduler:
         self.num_processes = num_processes
         self.gradient_state = gradient_state or GradientState()
         self._window = self.gradient_state.window
-        # only an optimizer with a loss scaler (or an engine's, which says so itself) can skip a step
-        plain = AcceleratedOptimizer.step_was_skipped
-        self._may_skip = [opt for opt in optimizers
-                          if getattr(opt, "scaler", None) is not None or getattr(type(opt), "step_was_skipped", plain) is not plain]
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the wrapped scheduler only when the optimizers really stepped (not inside an
@@ -42,15 +41,13 @@ class AcceleratedScheduler:
             return
         window = self._window
         if not window.sync:
-            if window.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
-                self.scheduler._step_count += 1
             return
-        for opt in self._may_skip:  # (a loop, not any(genexpr): the hot path of every loop with a scheduler)
+        for opt in self.optimizers:  # (a loop, not any(genexpr): the hot path of every loop with a scheduler)
             if opt.step_was_skipped:
                 return
+        total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses to pass its end
         for _ in range(1 if self.split_batches else self.num_processes):
-            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses to pass its end
-            if total is None or self.scheduler.last_epoch < total:
+            if total is None or self.scheduler._step_count <= total:
                 self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
