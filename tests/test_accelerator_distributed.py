@@ -221,3 +221,40 @@ def test_bf16_comm_hooks_and_local_sgd():
     assert torch.allclose(results[0]["bf16"], exact, rtol=1e-2, atol=1e-2)
     assert not torch.equal(results[0]["bf16"], exact)  # the hook really compressed
     assert not torch.allclose(results[0]["power_sgd"], exact, atol=1e-6)
+
+
+def _sync_after_forwards_in_no_sync() -> dict:
+    """Accelerate's test_sync.py ``test_distributed_sync_multiple_fwd``: three forwards inside ``no_sync``, two
+    local backwards, the last backward inside ``trigger_sync_in_backward``: the gradients of the three losses
+    are all-reduced there, although the model's ``require_backward_grad_sync`` is True again by then."""
+    import torch.distributed as dist
+
+    from overdrive import Accelerator
+
+    accelerator = Accelerator()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = accelerator.prepare(make_model())
+    data = make_data(8 * world)
+    batches = [data[(3 * rank + i) * 2:(3 * rank + i) * 2 + 2] for i in range(3)]
+    losses = []
+    for x, y in batches:
+        with accelerator.no_sync(model):
+            losses.append(loss_fn(model, x, y))
+    for loss in losses[:-1]:
+        accelerator.backward(loss)
+    with accelerator.trigger_sync_in_backward(model):
+        accelerator.backward(losses[-1])
+    grads = [p.grad.clone() for p in model.parameters()]
+    # plain PyTorch, one process: the sum of every rank's three losses, divided by the world size
+    reference = make_model()
+    for r in range(world):
+        for i in range(3):
+            x, y = data[(3 * r + i) * 2:(3 * r + i) * 2 + 2]
+            (loss_fn(reference, x, y) / world).backward()
+    return {"error": close(grads, [p.grad for p in reference.parameters()])}
+
+
+@pytest.mark.timeout(180)
+def test_trigger_sync_in_backward_after_forwards_in_no_sync():
+    for result in run_distributed(_sync_after_forwards_in_no_sync, 2):
+        assert result["error"] < 1e-5

@@ -56,8 +56,9 @@ class DDPStrategy(SingleDeviceStrategy):
 
     @contextlib.contextmanager
     def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
-        """Make the next backward all-reduce gradients even inside ``no_sync`` (restored on exit)."""
-        if not isinstance(model, DistributedDataParallel) or model.require_backward_grad_sync:
+        """Make the next backward all-reduce gradients even inside ``no_sync`` (restored on exit), as Accelerate:
+        always, since the forwards may have run inside ``no_sync`` although the model syncs again by now."""
+        if not isinstance(model, DistributedDataParallel):
             yield
             return
         # DDP decides in forward whether the next backward reduces; ask it to, for this backward only.
