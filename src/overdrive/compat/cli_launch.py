@@ -220,3 +220,33 @@ def _environ_only(args: argparse.Namespace) -> dict[str, str]:
                                       "debug": bool(getattr(args, "debug", False))}))
     env.update(MASTER_ADDR=args.master_addr, MASTER_PORT=args.master_port)
     return env
+
+
+def _script_value(text: str) -> Any:
+    """A training-script argument's value as SageMaker hyperparameters carry it: bool, int, float or str."""
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() else number
+
+
+def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
+    """A training script's ``--key value`` arguments as a dict of typed values (Accelerate's SageMaker helper).
+
+    Every ``--key`` must be followed by a value: SageMaker passes hyperparameters as key/value pairs, so a bare
+    flag (``store_true``) has no way through and is refused.
+    """
+    converted: dict[str, Any] = {}
+    for index, token in enumerate(nargs):
+        if not token.startswith("-"):
+            continue
+        value = nargs[index + 1] if index + 1 < len(nargs) else None
+        if value is None or value.startswith("-"):
+            raise ValueError(f"training script argument {token!r} has no value: SageMaker passes hyperparameters "
+                             "as '--key value' pairs and cannot carry store_true/store_false flags; give it an "
+                             f"explicit value (e.g. '{token} True')")
+        converted[token.lstrip("-").replace("-", "_")] = _script_value(value)
+    return converted

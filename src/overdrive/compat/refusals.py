@@ -46,8 +46,6 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
     "compile_regions": ("function", *_COMPILE), "compile_regions_deepspeed": ("function", *_COMPILE),
     "compile_regions_fsdp2": ("function", *_COMPILE),
     # bitsandbytes quantisation
-    "BnbQuantizationConfig": ("class", "bitsandbytes quantisation through Accelerate is not supported",
-                              "quantise with transformers' BitsAndBytesConfig when loading the model"),
     "load_and_quantize_model": ("function", "bitsandbytes quantisation through Accelerate is not supported",
                                 "quantise with transformers' BitsAndBytesConfig when loading the model"),
     # DeepSpeed internals

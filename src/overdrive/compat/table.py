@@ -98,7 +98,8 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names("overdrive.compat.kinds", "ComputeEnvironment CustomDtype DynamoBackend SageMakerDistributedType"),
         **_names(_OPS, "TensorInformation"),
         **_names("overdrive.compat.fsdp", "get_module_class_from_name"),
-        **_names(_REF, "BnbQuantizationConfig FP8RecipeKwargs MSAMPRecipeKwargs TorchTensorParallelConfig "
+        **_names("overdrive.config.quantization", "BnbQuantizationConfig"),
+        **_names(_REF, "FP8RecipeKwargs MSAMPRecipeKwargs TorchTensorParallelConfig "
                        "add_model_config_to_megatron_parser"),
     },
     "overdrive.utils.operations": {
@@ -143,7 +144,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     },
     "overdrive.utils.launch": {
         **_names(_REF, "PrepareForLaunch prepare_deepspeed_cmd_env prepare_sagemager_args_inputs prepare_tpu"),
-        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env"),
+        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env _convert_nargs_to_dict"),
     },
     "overdrive.utils.megatron_lm": _names(_REF, "AbstractTrainStep BertTrainStep GPTTrainStep T5TrainStep "
                                                 "MegatronLMDummyDataLoader MegatronLMDummyScheduler "
