@@ -32,13 +32,16 @@ def test_window_syncs_every_num_steps_and_shortens_the_last_window_of_the_data()
         def __len__(self) -> int:
             return 10
 
-    loader, window, seen = Loader(), AccumulationWindow(num_steps=4), []
-    for i in range(10):
-        loader.batches_yielded = i + 1  # the loader counts a batch before the loop body runs
-        seen.append((window.begin(loader, end_of_data=i == 9), window.divisor))
-    assert [s for s, _ in seen] == [False, False, False, True] * 2 + [False, True]
-    assert [d for _, d in seen] == [4] * 8 + [2, 2]
-    assert window.step == 0 and window.position == 0  # Accelerate's count: back to 0 at the end of the data
+    for exact in (False, True):
+        loader, window, seen = Loader(), AccumulationWindow(num_steps=4, exact_last_window=exact), []
+        for i in range(10):
+            loader.batches_yielded = i + 1  # the loader counts a batch before the loop body runs
+            seen.append((window.begin(loader, end_of_data=i == 9), window.size, window.divisor))
+        assert [s for s, _, _ in seen] == [False, False, False, True] * 2 + [False, True]
+        assert [size for _, size, _ in seen] == [4] * 8 + [2, 2]
+        # Accelerate divides every loss by num_steps; exact_last_window by the short window's real length
+        assert [d for _, _, d in seen] == ([4] * 8 + [2, 2] if exact else [4] * 10)
+        assert window.step == 0 and window.position == 0  # Accelerate's count: back to 0 at the end of the data
 
 
 def test_window_state_round_trips_and_refuses_a_partial_state():
@@ -67,24 +70,24 @@ def test_window_reads_the_loader_length_once_per_epoch_and_again_for_a_new_epoch
 
     loader, window = Loader(), AccumulationWindow(num_steps=4)
     for _epoch in range(2):
-        divisors = []
+        sizes = []
         for i in range(loader.length):
             loader.batches_yielded = i + 1
             window.begin(loader, end_of_data=i == loader.length - 1)
-            divisors.append(window.divisor)
-        assert divisors == [4] * 8 + [2, 2]
+            sizes.append(window.size)
+        assert sizes == [4] * 8 + [2, 2]
     assert loader.reads == 2  # once per epoch, not once per window
     loader.length = 5  # a new epoch of another length is read afresh: 4, then a window of 1
-    divisors = []
+    sizes = []
     for i in range(5):
         loader.batches_yielded = i + 1
         window.begin(loader, end_of_data=i == 4)
-        divisors.append(window.divisor)
-    assert divisors == [4, 4, 4, 4, 1] and loader.reads == 3
+        sizes.append(window.size)
+    assert sizes == [4, 4, 4, 4, 1] and loader.reads == 3
     other = Loader()  # another loader: its own length
     other.length, other.batches_yielded = 2, 1
     window.begin(other)
-    assert window.divisor == 2 and other.reads == 1
+    assert window.size == 2 and other.reads == 1
 
 
 @pytest.mark.parametrize("steps_before", [1, 2])

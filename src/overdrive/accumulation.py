@@ -33,21 +33,24 @@ class AccumulationWindow:
     ``Accelerator.step`` does: it goes back to 0 on the last batch of a loader (with ``sync_with_dataloader``).
     """
 
-    __slots__ = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch",
+    __slots__ = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch", "exact_last_window",
                  "position", "size", "divisor", "sync", "step", "_length")
 
     def __init__(self, num_steps: int = 1, adjust_scheduler: bool = True, sync_with_dataloader: bool = True,
-                 sync_each_batch: bool = False) -> None:
+                 sync_each_batch: bool = False, exact_last_window: bool = False) -> None:
         _check_steps(num_steps)
         self.num_steps = num_steps
         self.adjust_scheduler = adjust_scheduler
         self.sync_with_dataloader = sync_with_dataloader
         self.sync_each_batch = sync_each_batch
+        #: overdrive's switch: a window cut short by the end of the data divides by its real length (the mean
+        #: over its micro-batches); off, as in Accelerate, every loss is divided by ``num_steps``
+        self.exact_last_window = exact_last_window
         #: micro-batches of the current window already begun (0: the next one opens a window)
         self.position = 0
         #: the length of the current window (``num_steps``, or fewer at the end of the data)
         self.size = num_steps
-        #: what each micro-batch's loss is divided by
+        #: what each micro-batch's loss is divided by (``num_steps``; the window's size with ``exact_last_window``)
         self.divisor = num_steps
         #: whether gradients synchronise (and the optimizer steps) on this micro-batch
         self.sync = True
@@ -61,7 +64,8 @@ class AccumulationWindow:
     def from_plugin(cls, plugin: Any) -> AccumulationWindow:
         """A window with a ``GradientAccumulationPlugin``'s settings (``num_steps=None`` means 1)."""
         return cls(num_steps=plugin.num_steps or 1, adjust_scheduler=plugin.adjust_scheduler,
-                   sync_with_dataloader=plugin.sync_with_dataloader, sync_each_batch=plugin.sync_each_batch)
+                   sync_with_dataloader=plugin.sync_with_dataloader, sync_each_batch=plugin.sync_each_batch,
+                   exact_last_window=getattr(plugin, "exact_last_window", False))
 
     def begin(self, loader: Any = None, end_of_data: bool = False) -> bool:
         """Start one micro-batch; return whether it ends the window (its gradients then synchronise).
@@ -95,7 +99,8 @@ class AccumulationWindow:
                 length = self._loader_length(loader, yielded)
             if length is not None:
                 size = max(1, min(size, length - yielded + 1))
-        self.size = self.divisor = size
+        self.size = size
+        self.divisor = size if self.exact_last_window else self.num_steps
 
     def _loader_length(self, loader: Any, yielded: int) -> int | None:
         """``len(loader)`` (None without one: an iterable dataset), read when the loader changed or its

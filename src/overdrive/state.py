@@ -435,6 +435,7 @@ class GradientState:
             window.adjust_scheduler = plugin.adjust_scheduler
             window.sync_with_dataloader = plugin.sync_with_dataloader
             window.sync_each_batch = plugin.sync_each_batch
+            window.exact_last_window = getattr(plugin, "exact_last_window", False)
 
     @classmethod
     def _reset_state(cls) -> None:

@@ -96,11 +96,17 @@ class ProfileKwargs(KwargsHandler):
 
 @dataclass
 class GradientAccumulationPlugin(KwargsHandler):
-    """Gradient accumulation: sync and step every ``num_steps`` batches (and at the end of the loader)."""
+    """Gradient accumulation: sync and step every ``num_steps`` batches (and at the end of the loader).
+
+    ``exact_last_window`` (overdrive's, off by default): the loss of a window cut short by the end of the data
+    is divided by that window's real length, so its step equals one step on the mean over its batches.
+    Off, as in Accelerate, every loss is divided by ``num_steps`` (a short last window takes a smaller step).
+    """
 
     num_steps: int | None = None
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
+    exact_last_window: bool = False
 
 
