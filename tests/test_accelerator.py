@@ -199,3 +199,28 @@ def test_prepared_objects_are_marked_as_accelerate_marks_them():
     train, valid = DataLoader(list(range(8)), batch_size=2), DataLoader(list(range(4)), batch_size=2)
     prepared = accelerator.prepare(model, optimizer, scheduler, train, valid, [1, 2, 3])
     assert [getattr(obj, "_is_accelerate_prepared", False) for obj in prepared] == [True] * 5 + [False]
+
+
+def test_prepare_model_of_a_prepared_model_returns_it_and_registers_it_once():
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare_model(nn.Linear(4, 2))
+    assert model._is_accelerate_prepared is True
+    count = len(accelerator._models)
+    assert accelerator.prepare_model(model) is model and accelerator.prepare(model) is model
+    assert len(accelerator._models) == count  # Accelerate's rule: a prepared model is never wrapped twice
+    accelerator.free_memory()
+
+
+def test_reading_the_process_state_after_reset_says_why():
+    from overdrive import PartialState
+
+    state = PartialState(cpu=True)
+    assert state.num_processes == 1
+    with pytest.raises(AttributeError, match="'PartialState' object has no attribute 'someotherthing'"):
+        _ = state.someotherthing
+    PartialState._reset_state()
+    with pytest.raises(AttributeError, match=r"`PartialState` object has no attribute `num_processes`.*_reset_state\(\)"):
+        _ = state.num_processes
+    state.someotherthing = "value"  # a new attribute is still an attribute
+    assert state.someotherthing == "value"
+    PartialState._reset_state()

@@ -216,6 +216,10 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         autocast for the mixed precision, fp8, tensor parallel, activation checkpointing, compile, then
         data parallel (DDP, or FSDP2's sharding). ``evaluation_mode`` leaves out the DDP wrapper, for
         inference (sharded parameters stay sharded)."""
+        if getattr(model, "_is_accelerate_prepared", False):  # prepared already: never wrapped twice (Accelerate's rule)
+            if not any(existing is model for existing in self.prepared.models):
+                self.prepared.add_model(model)
+            return model
         place = self.plan.device_placement if device_placement is None else device_placement
         try:
             prepared = self.strategy.wrap_model(model, device_placement=place, evaluation_mode=evaluation_mode)
@@ -224,6 +228,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             raise
         self.hooks.claim(prepared, self.strategy.unwrap_model(prepared))
         self.prepared.add_model(prepared)
+        _mark_prepared(prepared)
         return prepared
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,

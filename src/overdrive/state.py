@@ -53,6 +53,16 @@ class PartialState:
                 "come before the first Accelerator() or PartialState() in the process"
             )
 
+    def __getattr__(self, name: str) -> Any:
+        # reached only when the normal lookup failed: a state attribute read after _reset_state() (the shared
+        # state is gone) is told apart from a name the state never had
+        kind = type(self).__name__
+        if "plan" not in self.__dict__ and not name.startswith("__") and hasattr(type(self), name):
+            raise AttributeError(f"`{kind}` object has no attribute `{name}`: the process state was cleared. This "
+                                 f"happens if `{kind}._reset_state()` was called and no `Accelerator` or "
+                                 f"`{kind}` was built again since; build one before reading `{name}`")
+        raise AttributeError(f"'{kind}' object has no attribute '{name}'")
+
     @classmethod
     def _reset_state(cls, destroy_process_group: bool = False) -> None:
         if destroy_process_group and dist.is_available() and dist.is_initialized():
