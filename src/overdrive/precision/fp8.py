@@ -53,6 +53,8 @@ def fp8_unavailable(backend: str | None, device_type: str | None, device_index: 
     if backend == "NONE":
         return (f"mixed_precision='fp8' needs torchao ({_PACKAGES['AO'][1]}) or Transformer Engine "
                 f"({_PACKAGES['TE'][1]}); neither is installed")
+    if backend == "MSAMP":  # Accelerate's third back end
+        return "fp8 backend 'MSAMP' (MS-AMP) is not supported by overdrive; choose from AO (torchao), TE (Transformer Engine)"
     if backend not in FP8_BACKENDS:
         return invalid_choice(f"fp8 backend {backend!r}", backend, FP8_BACKENDS) + " (AO: torchao, TE: Transformer Engine)"
     package, how = _PACKAGES[backend]
