@@ -15,8 +15,6 @@ _TE = ("Transformer Engine fp8 needs an NVIDIA GPU and is not wired in overdrive
        "use mixed_precision='fp8' (torchao) or bf16")
 _FSDP2 = ("overdrive applies FSDP2 itself in accelerator.prepare()",
           "pass FullyShardedDataParallelPlugin(...) to Accelerator and call prepare()")
-_COMPILE = ("regional compilation is applied by the Accelerator",
-            "use Accelerator(dynamo_plugin=TorchDynamoPlugin(use_regional_compilation=True))")
 
 REFUSALS: dict[str, tuple[str, str, str]] = {
     # launch helpers of Accelerate's own launcher
@@ -43,8 +41,6 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
     "fsdp2_canonicalize_names": ("function", *_FSDP2), "ensure_weights_retied": ("function", *_FSDP2),
     "get_fsdp2_grad_scaler": ("function", "an FSDP2 grad scaler is made by the Accelerator for fp16",
                               "use Accelerator(mixed_precision='fp16') and accelerator.scaler"),
-    "compile_regions": ("function", *_COMPILE), "compile_regions_deepspeed": ("function", *_COMPILE),
-    "compile_regions_fsdp2": ("function", *_COMPILE),
     # bitsandbytes quantisation
     "load_and_quantize_model": ("function", "bitsandbytes quantisation through Accelerate is not supported",
                                 "quantise with transformers' BitsAndBytesConfig when loading the model"),

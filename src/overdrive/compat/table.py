@@ -132,7 +132,8 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                          "get_pretty_name has_compiled_regions is_compiled_module is_port_in_use load merge_dicts "
                          "model_has_dtensor recursive_getattr save get_model_tp_size get_free_port"),
         **_names("overdrive.utils.misc", "extract_model_from_parallel wait_for_everyone"),
-        **_names(_REF, "compile_regions compile_regions_deepspeed compile_regions_fsdp2"),
+        **_names("overdrive.compat.regions", "compile_regions compile_regions_deepspeed compile_regions_fsdp2 "
+                                             "has_repeated_blocks is_repeated_blocks"),
     },
     "overdrive.utils.versions": _names(_OTHER, "compare_versions is_torch_version"),
     "overdrive.utils.environment": {
@@ -265,6 +266,4 @@ ABSENT: dict[str | tuple[str, str], str] = {
     "verify_operation": "internal decorator; overdrive's collectives check shapes before every call",
     "gather_tensor_shape": "internal of Accelerate's collectives",
     "is_torch_xpu_tensor": "internal XPU check",
-    "has_repeated_blocks": "internal of regional compilation (TorchDynamoPlugin(use_regional_compilation=True))",
-    "is_repeated_blocks": "internal of regional compilation (TorchDynamoPlugin(use_regional_compilation=True))",
 }
