@@ -1,10 +1,10 @@
-"""Test-tree setup: import paths and markers.
+"""Test-tree setup: markers, and the process-group and build-lock guards.
 
-The tests mirror ``src/overdrive`` (``tests/strategies/``, ``tests/checkpoint/``, ...). Test modules import
-shared helpers by their module name (``from distributed import run_distributed``, ``from test_cli import
-overdrive``), so this folder, every folder under it and ``examples/`` are put on ``sys.path``; module basenames must
-therefore be unique across the tree (pytest refuses duplicates anyway). ``from tests.distributed import
-run_distributed`` works too (the repository root is on ``pythonpath`` in pyproject).
+The tests mirror ``src/overdrive`` (``tests/strategies/`` tests ``overdrive/strategies/``, ...); the tests of
+the package's root modules and of the project as a whole (docs, layering, examples) sit in ``tests/``.
+``tests`` is a package: shared helpers are imported by their package path (``from tests.support.distributed
+import run_distributed``, ``from tests.support.cli import overdrive``); nothing here touches ``sys.path``
+(pyproject's ``pythonpath`` puts the repository root and ``examples/`` on it).
 
 Markers (registered in pyproject; select with ``-m``, e.g. ``pytest -m "not slow and not multiprocess"``):
 
@@ -14,7 +14,7 @@ Markers (registered in pyproject; select with ``-m``, e.g. ``pytest -m "not slow
 - ``optional``: needs a package outside overdrive's own dependencies (deepspeed, transformers, a tracker).
 - ``gpu``: needs a CUDA device; skipped here when there is none.
 - ``deepspeed``: starts a DeepSpeed engine; DeepSpeed's C++ op is built once before the first such test
-  (tests/build_locks.py), and no test waits on a build lock a killed test left behind.
+  (tests/support/build_locks.py), and no test waits on a build lock a killed test left behind.
 """
 
 from __future__ import annotations
@@ -27,19 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from build_locks import build_deepspeed_ops, clear_stale_locks
+from tests.support.build_locks import build_deepspeed_ops, clear_stale_locks
 
 # DeepSpeed builds its C++ ops on first use into TORCH_EXTENSIONS_DIR. One folder per environment: checkouts
 # sharing a machine would otherwise rebuild each other's copy (their include paths differ) and wait on its lock.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-
-_HERE = Path(__file__).resolve().parent
-# examples/ too: tests reuse the examples' pieces (``from digits import train_step``)
-for _folder in [_HERE.parent / "examples", _HERE,
-                *sorted(p for p in _HERE.rglob("*") if p.is_dir() and not p.name.startswith((".", "_")))]:
-    if str(_folder) not in sys.path:
-        sys.path.insert(0, str(_folder))
-
 
 def _destroy_process_group() -> None:
     comm = sys.modules.get("deepspeed.comm")

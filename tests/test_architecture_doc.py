@@ -62,7 +62,7 @@ def test_quoted_registry_lines_stand_in_the_source_and_import() -> None:
 
 
 def test_the_layer_table_names_every_layered_module() -> None:
-    from test_layering import LAYERS
+    from tests.test_layering import LAYERS
 
     named = set(named_paths())
     missing = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from build_locks import clear_stale_locks, stale_locks
+from tests.support.build_locks import clear_stale_locks, stale_locks
 
 _LOAD = """
 import sys

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from distributed import free_port
+from tests.support.distributed import free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # trains the example on 1 and 2 processes
 

@@ -7,8 +7,8 @@ from collections import namedtuple
 import pytest
 import torch
 
-from distributed import run_distributed
 from overdrive import ops
+from tests.support.distributed import run_distributed
 
 Pair = namedtuple("Pair", ["x", "y"])
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from big_model_helpers import Toy, llama, llama_config
 from overdrive.big_model import (
     AlignDevicesHook,
     CheckpointError,
@@ -27,6 +26,7 @@ from overdrive.big_model import (
     offload_state_dict,
     remove_hook_from_module,
 )
+from tests.big_model.big_model_helpers import Toy, llama, llama_config
 
 pytestmark = pytest.mark.optional  # transformers builds the Llama models
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from big_model_helpers import llama_config
 from overdrive.cli import main
+from tests.big_model.big_model_helpers import llama_config
 
 pytestmark = pytest.mark.optional  # transformers builds the model
 

@@ -6,8 +6,8 @@ import importlib.util
 
 import torch
 
-from big_model_helpers import Toy
-from distributed import run_distributed
+from tests.big_model.big_model_helpers import Toy
+from tests.support.distributed import run_distributed
 
 
 def _split_run() -> dict:
@@ -25,7 +25,7 @@ def _split_run() -> dict:
               "last_only": None if last_only(x) is None else "tensor"}
     if importlib.util.find_spec("transformers") is None:
         return result
-    from big_model_helpers import llama
+    from tests.big_model.big_model_helpers import llama
 
     model = llama(layers=4)  # a transformers model: its output keeps .logits
     ids = torch.randint(0, 1000, (4, 9), generator=torch.Generator().manual_seed(0))

@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from big_model_helpers import Block, Toy, llama
 from overdrive.big_model import (
     check_device_map,
     clean_device_map,
@@ -21,6 +20,7 @@ from overdrive.big_model import (
     init_empty_weights,
     init_on_device,
 )
+from tests.big_model.big_model_helpers import Block, Toy, llama
 
 
 def test_sizes_and_units() -> None:

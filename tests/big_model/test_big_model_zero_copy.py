@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import overdrive.big_model
-from big_model_helpers import llama, llama_config
 from overdrive.big_model import load_checkpoint_and_dispatch, load_checkpoint_in_model, load_state_dict
+from tests.big_model.big_model_helpers import llama, llama_config
 
 pytestmark = pytest.mark.optional  # transformers builds the Llama models
 

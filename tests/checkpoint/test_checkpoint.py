@@ -23,7 +23,7 @@ from overdrive.checkpoint import CheckpointError, merge_weights_main
 from overdrive.checkpoint.codec import decode, encode
 from overdrive.checkpoint.storage import SafeLoadPlanner, checksum
 from overdrive.state import GradientState
-from test_checkpoint_distributed import BATCH, Run, same, setup, snapshot, train
+from tests.checkpoint.test_checkpoint_distributed import BATCH, Run, same, setup, snapshot, train
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from distributed import _worker, free_port, run_distributed
 from overdrive import (
     Accelerator,
     DataLoaderConfiguration,
@@ -34,6 +33,7 @@ from overdrive import (
     ProjectConfiguration,
 )
 from overdrive.checkpoint import CheckpointError, merge_weights_main
+from tests.support.distributed import _worker, free_port, run_distributed
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 
 from overdrive import Accelerator, notebook_launcher
 from overdrive.launchers import config_file as cf
-from test_cli import clean_env
+from tests.support.cli import clean_env
 
 # runs `overdrive ARGS` in-process and says afterwards whether torch was imported
 _PROBE = ("import sys; from overdrive.cli import main; code = main(sys.argv[1:]); "

@@ -11,7 +11,7 @@ import yaml
 
 from overdrive.cli import Parser, UsageError
 from overdrive.cli.launch import add_launch_flags, plan_launch
-from test_cli import clean_env, overdrive, rank_results
+from tests.support.cli import clean_env, overdrive, rank_results
 
 
 def _worker_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str, config: dict | None = None) -> dict:

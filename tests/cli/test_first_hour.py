@@ -7,7 +7,7 @@ import torch
 
 import overdrive as package
 from overdrive.compat.table import ACCELERATE_VERSION
-from test_cli import clean_env, overdrive
+from tests.support.cli import clean_env, overdrive
 
 
 def test_version_names_overdrive_the_accelerate_api_and_torch(tmp_path):

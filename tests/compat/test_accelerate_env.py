@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from overdrive.compat.accelerate_env import settings_from_environment, variables_for_workers
-from test_cli import clean_env, overdrive
+from tests.support.cli import clean_env, overdrive
 
 
 def test_variables_map_to_launch_settings():

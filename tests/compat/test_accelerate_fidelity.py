@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.distributed import run_distributed
+
+from tests.support.distributed import run_distributed
 
 pytestmark = [pytest.mark.optional,
               pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,

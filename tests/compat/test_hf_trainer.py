@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import clean_env
+from tests.support.cli import clean_env
 
 pytestmark = [pytest.mark.optional,
               pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("transformers", "accelerate")),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from accelerate_usage_scan import LIBRARIES, compare, scan, scan_source, walk_all
+from tests.scripts.accelerate_usage_scan import LIBRARIES, compare, scan, scan_source, walk_all
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 INSTALLED = [name for name in LIBRARIES if importlib.util.find_spec(name) is not None]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import clean_env
+from tests.support.cli import clean_env
 
 NEEDED = ("accelerate", "transformers", "diffusers", "sentence_transformers", "setfit", "lm_eval", "datasets")
 pytestmark = [pytest.mark.optional,

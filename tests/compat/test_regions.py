@@ -7,7 +7,8 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from tests.distributed import run_distributed
+
+from tests.support.distributed import run_distributed
 
 pytestmark = [pytest.mark.optional,
               pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import clean_env
+from tests.support.cli import clean_env
 
 pytestmark = [pytest.mark.optional,
               pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,

@@ -1,5 +1,5 @@
 """Parallelism settings in one process: mesh sizes and their errors, the FSDP plugin and its config-dict
-form, the resolver's choices, and the FSDP2 strategy on one process (no sharding, same numbers)."""
+form, and the FSDP2 strategy on one process (no sharding, same numbers)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from overdrive import Accelerator
-from overdrive.config import FullyShardedDataParallelPlugin, ParallelismConfig, TorchTensorParallelPlugin
+from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.runtime.mesh import ParallelDims, ParallelMesh, check_sizes
-from test_parallel_helpers import accelerated_losses, reference_losses, worst
+from tests.support.parallel import accelerated_losses, reference_losses, worst
 
 
 def test_sizes_must_multiply_to_the_world_and_the_error_prints_both():
@@ -70,34 +70,6 @@ def test_plugin_from_accelerate_fsdp_config_keys():
     assert FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD").wants_hybrid_shard
     with pytest.raises(ValueError, match="unknown keys.*fsdp_bogus"):
         FullyShardedDataParallelPlugin.from_config_dict({"fsdp_bogus": 1})
-
-
-def test_context_parallel_on_cpu_is_refused_before_training_with_every_other_problem():
-    with pytest.raises(ValueError) as info:
-        Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))
-    text = str(info.value)
-    assert "context parallelism, which needs CUDA" in text and "product is 2 but there are 1 processes" in text
-
-
-def test_replicated_data_parallel_over_tensor_parallel_is_refused_with_advice():
-    from overdrive.resolve import resolve_parallelism, resolve_process
-
-    process = resolve_process(cpu=True)
-    object.__setattr__(process, "info", type(process.info)(world_size=4))
-    errors: list[str] = []
-    resolve_parallelism(process, None, ParallelismConfig(dp_replicate_size=2, tp_size=2), None, errors)
-    assert any("needs dp_shard_size > 1" in e for e in errors)
-    errors = []
-    chosen = resolve_parallelism(process, None, ParallelismConfig(dp_shard_size=2, tp_size=2), None, errors)
-    assert not errors and chosen.strategy == "fsdp2" and chosen.dims == ParallelDims(dp_shard=2, tp=2)
-    chosen = resolve_parallelism(process, None, ParallelismConfig(dp_replicate_size=4), None, errors)
-    assert chosen.strategy == "ddp" and chosen.uses_mesh
-    chosen = resolve_parallelism(process, None, None, TorchTensorParallelPlugin(tp_size=2), errors)
-    assert chosen.dims == ParallelDims(dp_shard=2, tp=2) and not errors
-    object.__setattr__(process, "info", type(process.info)(world_size=4, local_world_size=2))
-    hybrid = FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD")
-    chosen = resolve_parallelism(process, hybrid, None, None, errors)  # shard within a machine, replicate across
-    assert chosen.dims == ParallelDims(dp_replicate=2, dp_shard=2) and chosen.strategy == "fsdp2" and not errors
 
 
 def test_fsdp_version_1_runs_on_fsdp2_with_a_notice_and_one_process_matches_plain_pytorch():

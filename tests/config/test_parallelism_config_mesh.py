@@ -11,8 +11,8 @@ import importlib
 import pytest
 import torch
 
-from distributed import run_distributed
 from overdrive.config import ParallelismConfig
+from tests.support.distributed import run_distributed
 
 _LAUNCHED = {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "1", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2",
              "PARALLELISM_CONFIG_TP_SIZE": "2", "PARALLELISM_CONFIG_CP_SIZE": "1"}

@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from distributed import run_distributed
 from overdrive.data import SeedableRandomSampler, prepare_data_loader
 from overdrive.state import GradientState
-from test_data import expected_shards
+from tests.data.test_data import expected_shards
+from tests.support.distributed import run_distributed
 
 
 class RichIterable(IterableDataset):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 HAS_DATASETS = importlib.util.find_spec("datasets") is not None
 

@@ -1,19 +1,14 @@
-"""Helpers of the fault-injection suite: the CLI's environment and runner (tests/cli/test_cli.py), with
+"""Helpers of the fault-injection suite: the CLI's environment and runner (tests/support/cli.py), with
 temporary files kept under the test's own folder, and the folder of the suite's scripts."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
-for _folder in (TESTS, TESTS / "cli"):  # tests/distributed.py, tests/cli/test_cli.py
-    if str(_folder) not in sys.path:
-        sys.path.insert(0, str(_folder))
+from tests.support.cli import clean_env as _clean_env
+from tests.support.cli import overdrive  # noqa: F401  (re-exported)
 
-from test_cli import clean_env as _clean_env  # noqa: E402
-from test_cli import overdrive  # noqa: E402,F401  (re-exported)
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from distributed import run_distributed
 from overdrive import Accelerator, ProjectConfiguration
 from overdrive.state import GradientState
+from tests.support.distributed import run_distributed
 
 
 @pytest.fixture(autouse=True)

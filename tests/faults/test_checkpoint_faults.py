@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from faultkit import SCRIPTS, clean_env
 from overdrive import Accelerator, ProjectConfiguration
 from overdrive.checkpoint import CheckpointError, naming
 from overdrive.checkpoint.storage import checksum
 from overdrive.state import GradientState
+from tests.faults.faultkit import SCRIPTS, clean_env
 
 
 @pytest.fixture(autouse=True)

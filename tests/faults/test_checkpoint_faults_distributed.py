@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 
 def _save_on_main_only(folder: str, sharded: bool) -> dict:

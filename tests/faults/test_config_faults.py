@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from faultkit import clean_env, overdrive
 from overdrive.launchers import config_file as cf
+from tests.faults.faultkit import clean_env, overdrive
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]\n" for prev, name in zip("abcdefgh", "bcdefghi"))

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from faultkit import SCRIPTS, clean_env
 from overdrive import Accelerator
 from overdrive.state import GradientState
+from tests.faults.faultkit import SCRIPTS, clean_env
 
 
 def _load(folder: Path) -> int:

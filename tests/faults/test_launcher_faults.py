@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import SCRIPTS, clean_env, overdrive
 from overdrive.runtime.cluster import detect_process_info
+from tests.faults.faultkit import SCRIPTS, clean_env, overdrive
 
 TIMEOUT_S = 8
 pytestmark = pytest.mark.multiprocess
@@ -141,8 +141,8 @@ def _timeouts() -> dict:
 
 
 def test_init_process_group_kwargs_timeout_reaches_the_group_and_the_watchdog():
-    from distributed import run_distributed
     from overdrive.runtime.process_group import default_timeout
+    from tests.support.distributed import run_distributed
 
     for out in run_distributed(_timeouts, 2, timeout=90):
         assert out == {"watchdog": 7.0, "group": 7.0}

@@ -13,7 +13,7 @@ import pytest
 from overdrive.checkpoint import CheckpointError
 from overdrive.checkpoint.storage import checksum
 from overdrive.state import GradientState
-from test_checkpoint_distributed import same, setup, snapshot, train
+from tests.checkpoint.test_checkpoint_distributed import same, setup, snapshot, train
 
 
 class Picky:

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import torch
 
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 
 def _raises(fn):

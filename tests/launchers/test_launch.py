@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_cli import SCRIPTS, clean_env, overdrive
+from tests.support.cli import SCRIPTS, clean_env, overdrive
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # real launches (torchrun)
 

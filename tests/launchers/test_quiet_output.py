@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import clean_env, overdrive
+from tests.support.cli import clean_env, overdrive
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).resolve().parents[2]

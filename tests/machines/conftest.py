@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from netns import Cluster, unavailable
+from tests.machines.netns import Cluster, unavailable
 
 
 @pytest.fixture

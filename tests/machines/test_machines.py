@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from netns import Cluster
+from tests.machines.netns import Cluster
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 JOB = Path(__file__).resolve().parent / "scripts" / "job.py"

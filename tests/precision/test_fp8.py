@@ -19,7 +19,7 @@ from digits import train_step  # noqa: E402
 from overdrive import Accelerator  # noqa: E402
 from overdrive.config import AORecipeKwargs, TERecipeKwargs  # noqa: E402
 from overdrive.precision.fp8 import fp8_unavailable, installed  # noqa: E402
-from test_cli import clean_env, overdrive  # noqa: E402
+from tests.support.cli import clean_env, overdrive  # noqa: E402
 
 STEPS = 4
 

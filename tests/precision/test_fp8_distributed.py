@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("torchao.float8", reason="fp8 tests need torchao (pip install torchao)")
 pytestmark = [pytest.mark.optional, pytest.mark.slow]  # torchao
 
-from distributed import run_distributed  # noqa: E402
-from test_fp8 import Net, batches, by_hand, train_accelerated, train_by_hand  # noqa: E402
+from tests.precision.test_fp8 import Net, batches, by_hand, train_accelerated, train_by_hand  # noqa: E402
+from tests.support.distributed import run_distributed  # noqa: E402
 
 
 def _local(tensor: Any) -> Any:

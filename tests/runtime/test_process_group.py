@@ -63,6 +63,6 @@ def _watchdog_threads_after_exit_hook() -> list[int]:
 
 def test_the_watchdog_thread_has_ended_when_the_exit_hook_returns() -> None:
     # a daemon thread inside a store call when the interpreter shuts down aborts the process
-    from distributed import run_distributed
+    from tests.support.distributed import run_distributed
 
     assert run_distributed(_watchdog_threads_after_exit_hook, 2, timeout=120) == [[1, 0], [1, 0]]

@@ -21,7 +21,7 @@ from overdrive import (
     PartialState,
 )
 from overdrive.strategies.deepspeed.ds_config import engine_config
-from test_cli import clean_env, overdrive, rank_results
+from tests.support.cli import clean_env, overdrive, rank_results
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 

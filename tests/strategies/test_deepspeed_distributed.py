@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from digits import train_step
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 pytestmark = [pytest.mark.optional, pytest.mark.slow, pytest.mark.deepspeed]  # deepspeed; minutes on 2 cores
 

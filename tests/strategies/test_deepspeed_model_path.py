@@ -17,8 +17,8 @@ from overdrive import (
     TorchDynamoPlugin,
 )
 from overdrive.transforms.compile import compiled_in_place
-from test_model_path import is_checkpointed, overdrive_hooks
-from test_parallel_helpers import accelerated_losses, make_model, reference_losses, worst
+from tests.support.parallel import accelerated_losses, make_model, reference_losses, worst
+from tests.transforms.test_model_path import is_checkpointed, overdrive_hooks
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed"),
               pytest.mark.usefixtures("one_process_group"), pytest.mark.deepspeed]

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from distributed import run_distributed
-from test_parallel_helpers import accelerated_losses, make_model, reference_losses, worst
+from tests.support.distributed import run_distributed
+from tests.support.parallel import accelerated_losses, make_model, reference_losses, worst
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def _fp16_overflow_on_one_rank() -> tuple[bool, bool]:
     """An inf in rank 1's loss only: both ranks skip the step (found_inf is reduced over the mesh)."""
     from overdrive import Accelerator, GradScalerKwargs
     from overdrive.config import FullyShardedDataParallelPlugin
-    from test_parallel_helpers import loss_fn, make_data
+    from tests.support.parallel import loss_fn, make_data
 
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), mixed_precision="fp16",
                               kwargs_handlers=[GradScalerKwargs(init_scale=256)])

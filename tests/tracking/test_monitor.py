@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from distributed import run_distributed
 from overdrive.tracking.progress import ProgressBar, progress_bar
 from overdrive.tracking.throughput import (
     PEAK_FLOPS,
@@ -20,6 +19,7 @@ from overdrive.tracking.throughput import (
     estimate_flops_per_token,
     peak_flops_for,
 )
+from tests.support.distributed import run_distributed
 
 
 def fake_clock(times: list[float]):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from offline_trackers import offline_env
+from tests.scripts.offline_trackers import offline_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -12,8 +12,6 @@ import sys
 
 import pytest
 
-from distributed import run_distributed
-from offline_trackers import offline_env
 from overdrive.tracking import (
     GeneralTracker,
     available_trackers,
@@ -24,6 +22,8 @@ from overdrive.tracking import (
     tracker_names,
 )
 from overdrive.tracking.base import is_package_available
+from tests.scripts.offline_trackers import offline_env
+from tests.support.distributed import run_distributed
 
 LOSSES = [2.0, 1.5, 1.25, 0.75]
 LRS = [1e-3, 8e-4, 6e-4, 4e-4]
@@ -128,8 +128,8 @@ def _log_run(project_dir: str, log_with: list, init_kwargs: dict) -> dict:
 
 
 def _all_and_default(all_dir: str, default_dir: str) -> dict:
-    from offline_trackers import init_kwargs as offline_kwargs
     from overdrive import Accelerator
+    from tests.scripts.offline_trackers import init_kwargs as offline_kwargs
 
     accelerator = Accelerator(log_with="all", project_dir=all_dir)
     kwargs = {**INIT_KWARGS, **{name: offline_kwargs(name, os.path.join(all_dir, name)) for name in OFFLINE_ONLY}}

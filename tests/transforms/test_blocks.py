@@ -13,7 +13,7 @@ from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.transforms.blocks import blocks_to_wrap, find_block_list, find_blocks
 from overdrive.transforms.pipeline.split import plan_stages
 from overdrive.transforms.tensor_parallel import match_blocks
-from test_parallel_helpers import make_model
+from tests.support.parallel import make_model
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.optional

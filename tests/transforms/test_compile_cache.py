@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from overdrive import (
 )
 from overdrive.state import AcceleratorState
 from overdrive.transforms.compile import compiled_in_place
-from test_parallel_helpers import accelerated_losses, make_model, reference_losses, worst
+from tests.support.parallel import accelerated_losses, make_model, reference_losses, worst
 
 
 def overdrive_hooks(model: nn.Module) -> int:

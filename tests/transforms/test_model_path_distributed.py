@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from distributed import run_distributed
-from test_parallel_helpers import reference_losses, worst
+from tests.support.distributed import run_distributed
+from tests.support.parallel import reference_losses, worst
 
 STEPS = 4
 
@@ -24,8 +24,8 @@ def _ddp_and_pipeline() -> dict[str, Any]:
     )
     from overdrive.accelerator import Accelerator
     from overdrive.transforms.compile import compiled_in_place
-    from test_model_path import is_checkpointed, overdrive_hooks
-    from test_parallel_helpers import accelerated_losses, loss_fn, make_model
+    from tests.support.parallel import accelerated_losses, loss_fn, make_model
+    from tests.transforms.test_model_path import is_checkpointed, overdrive_hooks
 
     def fresh(**kwargs: Any) -> Accelerator:
         GradientState._reset_state()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from distributed import run_distributed
-from test_parallel_helpers import make_model, reference_losses, worst
+from tests.support.distributed import run_distributed
+from tests.support.parallel import make_model, reference_losses, worst
 
 pytestmark = pytest.mark.slow  # 4 processes
 
@@ -31,7 +31,7 @@ def train(layout: dict[str, Any], steps: int, folder: str | None = None, save_at
 
     from overdrive import Accelerator, DataLoaderConfiguration
     from overdrive.config import ParallelismConfig, TorchTensorParallelPlugin
-    from test_parallel_helpers import loss_fn, make_data
+    from tests.support.parallel import loss_fn, make_data
 
     sizes = {k: v for k, v in layout.items() if k != "sp"}
     tp = TorchTensorParallelPlugin(sequence_parallel=layout.get("sp", False))

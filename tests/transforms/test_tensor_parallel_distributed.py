@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from distributed import run_distributed
-from test_parallel_helpers import accelerated_losses, reference_losses, worst
+from tests.support.distributed import run_distributed
+from tests.support.parallel import accelerated_losses, reference_losses, worst
 
 pytestmark = [pytest.mark.optional, pytest.mark.slow]  # transformers models
 
@@ -64,7 +64,7 @@ def _tensor_parallel_runs() -> dict[str, Any]:
 
     from overdrive import Accelerator
     from overdrive.config import ParallelismConfig, TorchTensorParallelPlugin
-    from test_parallel_helpers import make_data
+    from tests.support.parallel import make_data
 
     def accelerator(sp: bool) -> Accelerator:
         return Accelerator(parallelism_config=ParallelismConfig(

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from overdrive.transforms.tensor_parallel import match_blocks, plan_from_patterns
-from test_parallel_helpers import make_model
+from tests.support.parallel import make_model
 
 
 def _layer0(plan, prefix: str) -> dict[str, str]:

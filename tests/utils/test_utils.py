@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from distributed import run_distributed
 from overdrive.logging import MultiProcessAdapter, get_logger
 from overdrive.utils.memory import (
     clear_device_cache,
@@ -18,6 +17,7 @@ from overdrive.utils.memory import (
     should_reduce_batch_size,
 )
 from overdrive.utils.random import set_seed, synchronize_rng_state, synchronize_rng_states
+from tests.support.distributed import run_distributed
 
 # ---------------------------------------------------------------------------------------------- memory
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from distributed import run_distributed
-from test_parallel_helpers import loss_fn, make_data, make_model, worst
-from test_pipeline_helpers import (
+from tests.support.distributed import run_distributed
+from tests.support.parallel import loss_fn, make_data, make_model, worst
+from tests.transforms.pipeline.pipeline_helpers import (
     LAYERS,
     build_hf,
     mixed_shape_pipelined,

@@ -32,8 +32,8 @@ from overdrive.transforms.pipeline.split import (
     plan_stages,
 )
 from overdrive.transforms.pipeline.ties import find_tied_parameters
-from test_parallel_helpers import loss_fn, make_model
-from test_pipeline_helpers import build_hf
+from tests.support.parallel import loss_fn, make_model
+from tests.transforms.pipeline.pipeline_helpers import build_hf
 
 
 def test_the_blocks_are_found_in_hand_written_sequential_and_transformers_models():

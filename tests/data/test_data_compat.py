@@ -1,5 +1,5 @@
 """Data-loader behaviour libraries rely on: the length of a loader after skip_first_batches, and
-use_stateful_dataloader without torchdata (with it: tests/compat/test_stateful_dataloader.py)."""
+use_stateful_dataloader without torchdata (with it: tests/data/test_stateful_dataloader.py)."""
 
 from __future__ import annotations
 

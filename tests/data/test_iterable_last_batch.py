@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 pytest.importorskip("accelerate")
 

@@ -3,7 +3,7 @@ computed with grad enabled) work in any grad mode, on 2 processes, and give plai
 
 from __future__ import annotations
 
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 
 def _collect_with_history() -> dict:

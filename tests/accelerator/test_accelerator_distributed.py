@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 N_FEATURES = 6
 

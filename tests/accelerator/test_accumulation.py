@@ -15,7 +15,7 @@ from overdrive import Accelerator, GradientAccumulationPlugin
 from overdrive.accumulation import AccumulationWindow
 from overdrive.state import GradientState
 
-CHECKPOINT = Path(__file__).resolve().parents[1] / "src" / "overdrive" / "checkpoint"
+CHECKPOINT = Path(__file__).resolve().parents[2] / "src" / "overdrive" / "checkpoint"
 
 
 @pytest.fixture(autouse=True)

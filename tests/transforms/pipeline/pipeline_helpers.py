@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from test_parallel_helpers import accelerated_losses, loss_fn, make_data, make_model
+from tests.support.parallel import accelerated_losses, loss_fn, make_data, make_model
 
 LAYERS = 4  # enough blocks for 2 ranks x 2 stages
 

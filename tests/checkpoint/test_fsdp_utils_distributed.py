@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 
 def _setup(seed: int) -> tuple[Any, nn.Module, Any]:

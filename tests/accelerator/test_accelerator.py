@@ -13,7 +13,13 @@ from torch.utils.data import DataLoader
 from overdrive import Accelerator, GradientAccumulationPlugin
 from overdrive.config import DataLoaderConfiguration
 from overdrive.precision import precision_policy
-from test_accelerator_distributed import loss_fn, make_data, make_model, overdrive_weights, reference_weights
+from tests.accelerator.test_accelerator_distributed import (
+    loss_fn,
+    make_data,
+    make_model,
+    overdrive_weights,
+    reference_weights,
+)
 
 
 def test_accumulation_over_an_epoch_not_divisible_by_k_equals_large_batches():
@@ -111,25 +117,6 @@ def test_sync_each_batch_and_plugin():
     accelerator = Accelerator(gradient_accumulation_plugin=plugin)
     assert accelerator.gradient_accumulation_steps == 3
     accelerator.free_memory()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "words"),
-    [
-        ({"mixed_precision": "fp32"}, ["'fp32'", "bf16", "fp16", "no"]),
-        ({"gradient_accumulation_steps": 0}, ["gradient_accumulation_steps=0", ">= 1"]),
-        ({"gradient_accumulation_steps": 2, "gradient_accumulation_plugin": GradientAccumulationPlugin(num_steps=2)},
-         ["gradient_accumulation_plugin", "one place"]),
-        ({"mixed_precision": "fp8-ish", "gradient_accumulation_steps": -1}, ["fp8-ish", "gradient_accumulation_steps=-1"]),
-        ({"rng_types": ["dice"]}, ["dice", "generator"]),
-        ({"kwargs_handlers": [object()]}, ["kwargs_handlers", "GradScalerKwargs"]),
-    ],
-)
-def test_bad_arguments_name_the_value_and_the_choices(kwargs, words):
-    with pytest.raises(ValueError) as info:
-        Accelerator(**kwargs)
-    for word in words:
-        assert word in str(info.value)
 
 
 def test_precision_on_a_device_without_autocast():

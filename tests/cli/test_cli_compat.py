@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from overdrive.cli.to_fsdp2_cmd import convert
-from test_cli import clean_env, overdrive
+from tests.support.cli import clean_env, overdrive
 
 
 def test_merge_weights_is_a_registered_command(tmp_path):

@@ -1,0 +1,44 @@
+"""Running the ``overdrive`` command as a user would, from tests: a clean environment (no cluster's variables,
+config files under the test's folder), the command with a hard timeout, and the per-rank results a launched
+test script (tests/scripts/) wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"  # tests/scripts
+# a cluster's variables, and overdrive's / Accelerate's own: a test sets those it means through ``extra``
+_CLUSTER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_",
+                     "TORCHELASTIC", "SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "MV2_", "PALS_", "OVERDRIVE_",
+                     "ACCELERATE_")
+
+
+def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This environment without any cluster's (or overdrive's, or Accelerate's) variables, with config files
+    looked up under tmp_path; ``extra`` is set last."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_CLUSTER_PREFIXES)}
+    env.update(OVERDRIVE_CONFIG_FILE=str(tmp_path / "default_config.yaml"), HF_HOME=str(tmp_path / "hf"),
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def overdrive(*args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 60,
+              stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``overdrive ARGS`` run as a user would (``python -m overdrive.cli``), with a hard ``timeout``."""
+    return subprocess.run([sys.executable, "-m", "overdrive.cli", *args], env=env, cwd=cwd, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rank_results(result: subprocess.CompletedProcess, folder: Path, world: int = 2) -> list[dict[str, Any]]:
+    """What each rank of a launched test script wrote to ``folder/result_<rank>.json``, in rank order, after
+    checking that the launch succeeded and that every rank wrote its file."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = [json.loads(path.read_text()) for path in sorted(folder.glob("result_*.json"))]
+    assert sorted(r["rank"] for r in results) == list(range(world)), result.stdout
+    return results
