@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/loader_overhead.py              # 1 and 2 processes, 30 rounds: ~2 min on 2 cores
     .venv/bin/python bench/loader_overhead.py --procs 2 --rounds 60
+    .venv/bin/python bench/loader_overhead.py --no-contenders --control --seedable --rounds 100  # issue 25's row
 
 Each round iterates one epoch (100 batches of 64 samples of a shuffled ``TensorDataset``, no workers, one
 intra-op thread) and does nothing with the batches, so the loader's own cost is all there is. With 2
@@ -64,7 +65,14 @@ def loaders(world: int, rank: int) -> dict:
     prepared = prepare_data_loader(DataLoader(data, batch_size=BATCH, shuffle=True), num_processes=world,
                                    process_index=rank, put_on_device=True, device=torch.device("cpu"))
     epoch = [0]
-    others = _contenders(data, world, rank) if os.environ.get("LOADER_BENCH_CONTENDERS", "1") == "1" else {}
+    seedable = {}
+    if os.environ.get("LOADER_BENCH_SEEDABLE") == "1":  # the opt-in sampler (exact resume's), as its own row
+        loader = prepare_data_loader(DataLoader(data, batch_size=BATCH, shuffle=True), num_processes=world,
+                                     process_index=rank, put_on_device=True, device=torch.device("cpu"),
+                                     use_seedable_sampler=True)
+        seedable["prepared (seedable)"] = lambda: iter(loader)
+    contenders = os.environ.get("LOADER_BENCH_CONTENDERS", "1") == "1"
+    others = seedable | (_contenders(data, world, rank) if contenders else {})
 
     def plain_epoch() -> Iterator:
         if sampler is not None:
@@ -182,11 +190,15 @@ def main() -> None:
     parser.add_argument("--no-contenders", action="store_true", help="only plain and overdrive's loader")
     parser.add_argument("--control", action="store_true",
                         help="add an A/A contender: a second plain loader, which shows the method's resolution")
+    parser.add_argument("--seedable", action="store_true",
+                        help="add a row for the prepared loader with use_seedable_sampler=True (the default keeps "
+                             "the user's sampler)")
     parser.add_argument("--blocks", action="store_true",
                         help="time whole epochs in turn (wall and CPU) instead of interleaving the loaders batch by batch")
     args = parser.parse_args()
     os.environ["LOADER_BENCH_CONTENDERS"] = "0" if args.no_contenders else "1"  # read by the spawned workers
     os.environ["LOADER_BENCH_CONTROL"] = "1" if args.control else "0"
+    os.environ["LOADER_BENCH_SEEDABLE"] = "1" if args.seedable else "0"
     os.environ["OMP_NUM_THREADS"] = "1"
     started, load0 = datetime.now(timezone.utc), os.getloadavg()
     commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
@@ -204,7 +216,7 @@ def main() -> None:
                 cpu = f"{r['cpu_ratio']:.3f} [{clow:.3f}-{chigh:.3f}]"
                 verdict += f", CPU: {'met' if chigh <= TARGET else 'MISSED' if clow > TARGET else 'not resolved'}"
             print(f"| {world} | {name} | {r['us']:.1f} | {r['ratio']:.3f} [{low:.3f}-{high:.3f}] | {cpu} | "
-                  f"{verdict if name == 'prepared' else ''} |")
+                  f"{verdict if name.startswith('prepared') else ''} |")
     out = Path(__file__).parent / "results" / ("loader_overhead_blocks.json" if args.blocks else "loader_overhead.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit, "rounds": args.rounds,

@@ -7,6 +7,8 @@ from typing import Any
 from overdrive.optimizer import AcceleratedOptimizer
 from overdrive.state import GradientState
 
+_READS_FLAG = AcceleratedOptimizer.step_was_skipped  # the base property: returns ``_is_overflow``
+
 
 class AcceleratedScheduler:
     """Wraps a user's LR scheduler so that calling ``scheduler.step()`` on every batch stays right.
@@ -43,7 +45,8 @@ class AcceleratedScheduler:
         if not window.sync:
             return
         for opt in self.optimizers:  # (a loop, not any(genexpr): the hot path of every loop with a scheduler)
-            if opt.step_was_skipped:
+            # the flag itself where step_was_skipped is the base property that returns it (no call per step)
+            if opt._is_overflow if type(opt).step_was_skipped is _READS_FLAG else opt.step_was_skipped:
                 return
         total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses to pass its end
         for _ in range(1 if self.split_batches else self.num_processes):

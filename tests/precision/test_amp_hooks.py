@@ -87,3 +87,33 @@ def test_a_forward_nested_in_the_same_models_forward_gets_its_own_region():
         want = reference(x)
     assert out.dtype == torch.float32 and torch.equal(out, want.float())
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_prepared_model_compiled_by_the_user_runs_under_autocast():
+    """``torch.compile(prepared_model)`` (an outer wrapper: dynamo traces the prepared model's hooks) gives plain
+    autocast's outputs and leaves autocast off; it once failed at the region's exit (``no attribute 'prev'``)."""
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model, reference = accelerator.prepare(make_model()), make_model()
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
+    for _ in range(2):
+        out = compiled(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = reference(x)
+        assert out.dtype == torch.float32 and torch.equal(out, want.float())
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_the_hooks_restore_an_enclosing_autocast_region():
+    """A prepared bf16 model called inside the user's own ``torch.autocast(..., enabled=False)`` region: the
+    forward runs in bf16 (the hooks open their region) and the user's settings are back afterwards."""
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model, reference = accelerator.prepare(make_model()), make_model()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(3))
+    with torch.autocast("cpu", dtype=torch.float16, enabled=False, cache_enabled=False):
+        out = model(x)
+        assert not torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.float16 and not torch.is_autocast_cache_enabled()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = reference(x)
+    assert torch.equal(out, want.float())
