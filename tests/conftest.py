@@ -11,10 +11,16 @@ Markers (registered in pyproject; select with ``-m``, e.g. ``pytest -m "not slow
 - ``multiprocess``: starts processes (a gloo group, torchrun or the CLI's launcher). Added here to every
   test of a module that uses ``run_distributed`` or ``free_port``; mark launch tests by hand.
 - ``slow``: takes more than ~20 s on a 2-core machine.
-- ``optional``: needs a package outside overdrive's own dependencies (deepspeed, transformers, a tracker).
+- ``requires("name", ...)``: needs these importable top-level packages from outside overdrive's own
+  dependencies (the test extra has them all); skipped here, naming the missing ones, when one is absent.
+  Implies ``optional``. The one place a test states what it needs: no ``skipif(find_spec(...))`` or
+  ``pytest.importorskip`` in test modules.
+- ``optional``: needs a package outside overdrive's own dependencies (added by ``requires``; by hand for a
+  test that skips by itself on what it finds).
 - ``gpu``: needs a CUDA device; skipped here when there is none.
-- ``deepspeed``: starts a DeepSpeed engine; DeepSpeed's C++ op is built once before the first such test
-  (tests/support/build_locks.py), and no test waits on a build lock a killed test left behind.
+- ``deepspeed``: starts a DeepSpeed engine (implies ``requires("deepspeed")``); DeepSpeed's C++ op is built
+  once before the first such test (tests/support/build_locks.py), and no test waits on a build lock a
+  killed test left behind.
 """
 
 from __future__ import annotations
@@ -83,13 +89,36 @@ def one_process_group() -> Iterator[None]:
         _destroy_process_group()
 
 
+def _needed(item: pytest.Item) -> list[str]:
+    """The packages a test's ``requires`` markers (and its ``deepspeed`` marker) name."""
+    names = [name for mark in item.iter_markers("requires") for name in mark.args]
+    if item.get_closest_marker("deepspeed") is not None:
+        names.append("deepspeed")
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            # find_spec("a.b") imports the package a: the real accelerate must never be imported here
+            raise pytest.UsageError(f"{item.nodeid}: requires({name!r}): name top-level packages only, e.g. "
+                                    "requires('transformers', 'accelerate')")
+    return names
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark multi-process modules, and skip GPU tests on a machine without CUDA."""
+    """Mark multi-process modules and the tests that need optional packages; skip the tests whose packages
+    are missing, and the GPU tests on a machine without CUDA."""
     gpu_skip = None
+    found: dict[str, bool] = {}
     for item in items:
         module = getattr(item, "module", None)
         if module is not None and any(hasattr(module, name) for name in ("run_distributed", "free_port")):
             item.add_marker(pytest.mark.multiprocess)
+        needed = _needed(item)
+        if needed:
+            item.add_marker(pytest.mark.optional)
+            missing = [n for n in dict.fromkeys(needed)
+                       if not found.setdefault(n, importlib.util.find_spec(n) is not None)]
+            if missing:
+                item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(missing)} (the test extra: "
+                                                        "pip install -e '.[test]')"))
         if item.get_closest_marker("gpu") is not None:
             if gpu_skip is None:
                 import torch

@@ -6,10 +6,6 @@ import pytest
 import torch
 
 from overdrive import Accelerator, DistributedDataParallelKwargs, GradScalerKwargs
-from overdrive.accelerator_surface import AccelerateSurface
-
-pytestmark = pytest.mark.skipif(not issubclass(Accelerator, AccelerateSurface),
-                                reason="waits for the Accelerator facade of issue 11 (arch-core) on main")
 
 
 def test_handlers_settings_trackers_and_prepared_lists():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-accelerate = pytest.importorskip("accelerate")
+pytestmark = pytest.mark.requires("accelerate")
 
 
 def _trace(package: ModuleType, num_steps: int, sync_with_dataloader: bool) -> list[tuple[int, bool]]:
@@ -42,6 +42,8 @@ def _reset_accelerate() -> None:
 
 @pytest.mark.parametrize(("num_steps", "sync_with_dataloader"), [(3, True), (3, False), (1, True), (4, True)])
 def test_step_counts_as_accelerate_counts(num_steps, sync_with_dataloader):
+    import accelerate
+
     import overdrive
     from overdrive.state import GradientState
 

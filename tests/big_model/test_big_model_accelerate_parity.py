@@ -5,7 +5,6 @@ casting that leaves norms alone, tied sizes counted once, unknown device-map key
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -24,9 +23,7 @@ from overdrive.big_model import attach_layerwise_casting_hooks, dispatch_model, 
 from overdrive.big_model.planning import check_device_map
 from overdrive.big_model.sizes import get_module_size_with_ties
 
-pytestmark = [pytest.mark.optional,
-              pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                 reason="the real accelerate (test extra) is not installed")]
+pytestmark = pytest.mark.requires("accelerate")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
@@ -114,7 +111,7 @@ def test_save_model_of_a_disk_offloaded_model_writes_its_weights(tmp_path: Path)
 
 
 @pytest.mark.slow  # two interpreters importing transformers: ~40 s each on 2 busy cores
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+@pytest.mark.requires("transformers")
 def test_from_pretrained_with_the_whole_model_on_disk_runs(tmp_path: Path) -> None:
     ours, theirs = (_run(PRETRAINED, side, tmp_path / side) for side in ("overdrive", "accelerate"))
     assert ours == theirs == {"devices": ["disk"], "diff": 0.0}

@@ -28,7 +28,7 @@ from overdrive.big_model import (
 )
 from tests.big_model.big_model_helpers import Toy, llama, llama_config
 
-pytestmark = pytest.mark.optional  # transformers builds the Llama models
+pytestmark = pytest.mark.requires("transformers")  # builds the Llama models
 
 TOKENS = torch.randint(0, 1000, (2, 10), generator=torch.Generator().manual_seed(1))
 HALF_ON_DISK = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",

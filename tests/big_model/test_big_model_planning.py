@@ -97,14 +97,16 @@ def test_exact_maps_on_devices_this_machine_lacks(max_memory: dict, no_split: li
     if tie:
         assert device_map["head"] == device_map["embed"]
     check_device_map(model, device_map)
-    accelerate_utils = pytest.importorskip("accelerate.utils")
+    import accelerate.utils as accelerate_utils
+
     assert accelerate_utils.infer_auto_device_map(model, dict(max_memory), no_split) == expected
 
 
 @pytest.mark.optional
 def test_llama_maps_match_accelerate() -> None:
     """The same maps and balanced memories as Accelerate's planner, on a Llama model and fake GPUs."""
-    accelerate_utils = pytest.importorskip("accelerate.utils")
+    import accelerate.utils as accelerate_utils
+
     for tie in (True, False):
         model = llama(layers=6, tie=tie)
         total = compute_module_sizes(model)[""]
@@ -150,8 +152,9 @@ def test_clean_device_map() -> None:
 @pytest.mark.optional
 def test_fallback_allocation_and_pippy_maps_match_accelerate() -> None:
     """An accelerator too small for the next block gets a smaller module instead of staying empty."""
-    accelerate_utils = pytest.importorskip("accelerate.utils")
-    accelerate_inference = pytest.importorskip("accelerate.inference")
+    import accelerate.inference as accelerate_inference
+    import accelerate.utils as accelerate_utils
+
     from overdrive.big_model import fallback_allocate, get_module_leaves
     from overdrive.inference import find_pippy_batch_size, generate_device_map
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.optional  # transformers
+pytestmark = pytest.mark.requires("transformers")  # builds the Llama models
 
 HERE = Path(__file__).resolve().parent
 SRC = str(HERE.parents[1] / "src")

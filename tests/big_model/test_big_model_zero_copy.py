@@ -22,7 +22,7 @@ import overdrive.big_model
 from overdrive.big_model import load_checkpoint_and_dispatch, load_checkpoint_in_model, load_state_dict
 from tests.big_model.big_model_helpers import llama, llama_config
 
-pytestmark = pytest.mark.optional  # transformers builds the Llama models
+pytestmark = pytest.mark.requires("transformers")  # builds the Llama models
 
 HERE = Path(__file__).resolve().parent
 SRC = str(HERE.parents[1] / "src")

@@ -403,7 +403,6 @@ def _fsdp_save_and_resume(root: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(240)
 def test_fsdp2_checkpoint_resumes_and_loads_unsharded(tmp_path: Path) -> None:
-    pytest.importorskip("overdrive.strategies.fsdp2")
     results = run_distributed(_fsdp_save_and_resume, 2, str(tmp_path), timeout=200)
     assert all(r["sharded"] and r["same_after"] for r in results)
     full = results[0]["full"]

@@ -88,7 +88,6 @@ def _save_and_load(root: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(240)
 def test_fsdp2_model_and_optimizer_folders_on_two_processes(tmp_path: Path) -> None:
-    pytest.importorskip("overdrive.strategies.fsdp2")
     results = run_distributed(_save_and_load, 2, str(tmp_path), timeout=220)
     for r in results:
         assert r["sharded"] and r["same_weights"]

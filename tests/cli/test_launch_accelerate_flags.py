@@ -15,9 +15,6 @@ from overdrive.cli import Parser, UsageError
 from overdrive.cli.launch import add_launch_flags, plan_launch
 from overdrive.launchers.torchrun import worker_environ
 
-needs_accelerate = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                      reason="the real accelerate (test extra) is not installed")
-
 
 def _ours(argv: list[str], script: Path) -> dict[str, str]:
     parser = Parser(prog="overdrive launch")
@@ -53,7 +50,7 @@ def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-@needs_accelerate
+@pytest.mark.requires("accelerate")
 def test_every_accelerate_launch_flag_is_accepted() -> None:
     from accelerate.commands.launch import launch_command_parser
 
@@ -90,7 +87,7 @@ def _delta(env: dict[str, str], base: dict[str, str]) -> dict[str, str]:
     return {k: _norm(v) for k, v in env.items() if k.startswith(prefixes) and base.get(k) != v}
 
 
-@needs_accelerate
+@pytest.mark.requires("accelerate")
 @pytest.mark.parametrize("base,flags", [(BASE, s) for s in SAMPLES] + [(FSDP2, s) for s in FSDP_SAMPLES],
                          ids=lambda v: " ".join(v)[:60])
 def test_exported_variables_match_accelerate(script: Path, base: list[str], flags: list[str]) -> None:

@@ -4,7 +4,6 @@ the real package are process-wide)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,7 +14,6 @@ from pathlib import Path
 import pytest
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 
 
 def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -92,8 +90,8 @@ def test_every_table_name_imports_through_the_alias():
     assert out["checked"] > 500 and out["failed"] == [], out
 
 
+@pytest.mark.requires("transformers")
 def test_library_version_checks_pass_through_the_alias():
-    pytest.importorskip("transformers")
     out = result_of("""
         import json, overdrive
         overdrive.install_as_accelerate()
@@ -126,8 +124,7 @@ def test_nothing_changes_without_the_call():
     assert not out["aliased"] and "_AccelerateFinder" not in out["finders"]
 
 
-@pytest.mark.optional
-@pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate is not installed")
+@pytest.mark.requires("accelerate")
 def test_uninstall_gives_back_the_real_package():
     out = result_of("""
         import json, sys, importlib.metadata as md
@@ -145,8 +142,7 @@ def test_uninstall_gives_back_the_real_package():
     assert out["aliased"] and out["real"] and not out["installed"]
 
 
-@pytest.mark.optional
-@pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate is not installed")
+@pytest.mark.requires("accelerate")
 def test_refuses_after_the_real_accelerate_was_imported_and_changes_nothing():
     out = result_of("""
         import json, sys
@@ -165,7 +161,7 @@ def test_refuses_after_the_real_accelerate_was_imported_and_changes_nothing():
     assert out["unchanged"] and out["still_real"]
 
 
-@pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate is not installed")
+@pytest.mark.requires("accelerate")
 def test_metadata_under_the_alias_has_the_real_release_fields():
     """sentence-transformers refuses to train unless metadata("accelerate")["Home-page"] names huggingface
     (its util.environment.check_package_availability, repeated here: importing it takes ~40 s)."""

@@ -4,7 +4,6 @@ nothing changed; what has no place to go is reported."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.optional,
-              pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                 reason="the real accelerate (test extra) is not installed")]
+pytestmark = [pytest.mark.requires("accelerate")]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 COMMON = """

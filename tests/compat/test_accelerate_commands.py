@@ -4,7 +4,6 @@ PEFT and TRL import (``get_module_class_from_name``, ``get_parameters_from_modul
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -15,8 +14,6 @@ import torch
 from overdrive.compat import cli_launch
 from overdrive.compat.fsdp import get_module_class_from_name, get_parameters_from_modules
 
-needs_accelerate = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                      reason="the real accelerate (test extra) is not installed")
 ARGVS = [
     ["--num_processes", "2", "--mixed_precision", "bf16", "--use_fsdp", "--fsdp_version", "2", "t.py", "--lr", "1"],
     ["--multi-gpu", "--debug", "--num-processes", "4", "-m", "pkg.mod"],
@@ -25,7 +22,7 @@ ARGVS = [
 ]
 
 
-@needs_accelerate
+@pytest.mark.requires("accelerate")
 @pytest.mark.parametrize("argv", ARGVS, ids=lambda a: " ".join(a)[:40])
 def test_launch_parser_namespace_equals_accelerates(argv: list[str]) -> None:
     from accelerate.commands.launch import launch_command_parser
@@ -35,7 +32,7 @@ def test_launch_parser_namespace_equals_accelerates(argv: list[str]) -> None:
     assert {k: ours.get(k, "MISSING") for k in real} == real
 
 
-@needs_accelerate
+@pytest.mark.requires("accelerate")
 def test_module_helpers_answer_as_accelerate() -> None:
     from accelerate.utils.dataclasses import get_module_class_from_name as real_class
     from accelerate.utils.fsdp_utils import get_parameters_from_modules as real_params

@@ -15,7 +15,6 @@ from overdrive.compat.table import BIG_MODEL, NAMES, PENDING
 from overdrive.compat.unsupported import UnsupportedFeatureError
 
 ROOT = Path(__file__).resolve().parents[2]
-HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 BIG_MODEL_MODULES = {f"overdrive.{path}" for path in BIG_MODEL}
 
 
@@ -29,8 +28,7 @@ def test_thin_modules_are_generated_from_the_table():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.optional
-@pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate (test extra) is not installed")
+@pytest.mark.requires("accelerate")
 def test_every_accelerate_module_and_name_is_accounted_for_and_the_parity_page_is_current():
     proc = _script("accelerate_parity.py", "--check")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -69,8 +67,7 @@ def test_refused_names_import_and_raise_naming_the_feature_and_the_alternative()
             assert not isinstance(object(), obj)
 
 
-@pytest.mark.optional
-@pytest.mark.skipif(not HAS_ACCELERATE, reason="the real accelerate (test extra) is not installed")
+@pytest.mark.requires("accelerate")
 def test_availability_helpers_answer_as_accelerate_does():
     code = (
         "import json, accelerate.utils as A, overdrive.compat.imports as O\n"

@@ -6,7 +6,6 @@ lines, ``PartialState._shared_state`` / ``AcceleratorState._shared_state`` say w
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -15,9 +14,7 @@ import pytest
 
 from tests.support.distributed import run_distributed
 
-pytestmark = [pytest.mark.optional,
-              pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                 reason="the real accelerate (test extra) is not installed")]
+pytestmark = [pytest.mark.requires("accelerate")]
 
 
 def _surface(engine: str, folder: str) -> dict:

@@ -24,14 +24,7 @@ import pytest
 
 from tests.support.cli import clean_env
 
-pytestmark = [pytest.mark.optional,
-              pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("transformers", "accelerate")),
-                                 reason="needs transformers and the real accelerate (test extra)")]
-import overdrive.config  # noqa: E402
-
-# Trainer always builds TorchDynamoPlugin; it lands with the one model path (issue 11)
-pytestmark.append(pytest.mark.skipif(not hasattr(overdrive.config, "TorchDynamoPlugin"),
-                                     reason="waits for TorchDynamoPlugin (arch-core, issue 11) on main"))
+pytestmark = pytest.mark.requires("transformers", "accelerate")
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "hf_trainer_run.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -122,7 +115,6 @@ def test_trainer_one_process_matches_accelerate(one_process, model):
 @pytest.mark.slow
 @pytest.mark.deepspeed
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (test extra)")
 def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path, one_process):
     """Trainer(args.deepspeed=ZeRO-2 config) on overdrive trains, checkpoints (the Trainer pickles its
     arguments, which hold the state), evaluates and resumes like the same run without DeepSpeed (the one
@@ -169,9 +161,8 @@ def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_ca
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.requires("peft", "trl")
 def test_peft_lora_changes_only_adapters_and_trl_sft_trains(one_process):
-    if not _has_peft_and_trl():
-        pytest.skip("needs peft and trl (test extra)")
     lora = one_process[0]["lora"]
     assert lora["changed"] and all("lora_" in name or "classifier" in name for name in lora["changed"]), lora["changed"]
     assert any("lora_" in name for name in lora["changed"])

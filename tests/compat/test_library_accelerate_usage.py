@@ -67,13 +67,11 @@ def test_walking_reports_missing_names_and_stops_at_none():
 
 @pytest.fixture(scope="module")
 def usage() -> tuple[dict[str, list[str]], dict]:
-    if "transformers" not in INSTALLED or importlib.util.find_spec("accelerate") is None:
-        pytest.skip("needs transformers and the real accelerate (test extra)")
     chains = scan(INSTALLED)
     return chains, compare(chains, SRC)
 
 
-@pytest.mark.optional
+@pytest.mark.requires("transformers", "accelerate")
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_accelerate_name_the_libraries_use_resolves_under_the_alias(usage):
@@ -158,9 +156,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.optional
-@pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("accelerate", "transformers")),
-                    reason="needs transformers and the real accelerate (test extra)")
+@pytest.mark.requires("accelerate", "transformers")
 def test_the_names_the_scan_found_missing_behave_as_accelerate(tmp_path):
     """ParallelismConfig's context/sequence-parallel fields and properties, DeepSpeedPlugin.set_mixed_precision
     and set_deepspeed_weakref, FullyShardedDataParallelPlugin.set_auto_wrap_policy and set_mixed_precision,

@@ -11,7 +11,6 @@ example's ``shuffle=True`` DataLoader, sentence-transformers' seeded batch sampl
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -23,9 +22,7 @@ import pytest
 from tests.support.cli import clean_env
 
 NEEDED = ("accelerate", "transformers", "diffusers", "sentence_transformers", "setfit", "lm_eval", "datasets")
-pytestmark = [pytest.mark.optional,
-              pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in NEEDED),
-                                 reason=f"needs {', '.join(NEEDED)} (test extra)")]
+pytestmark = [pytest.mark.requires(*NEEDED)]
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "library_loops_run.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 JOBS = ("diffusers", "st", "setfit", "lmeval")

@@ -4,15 +4,11 @@ rebound to the copy, the original model untouched, the same outputs."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from tests.support.distributed import run_distributed
 
-pytestmark = [pytest.mark.optional,
-              pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                 reason="the real accelerate (test extra) is not installed")]
+pytestmark = [pytest.mark.requires("accelerate")]
 
 
 def _regions(engine: str) -> dict:

@@ -11,7 +11,6 @@ the scheduler's step counter moved with ``adjust_scheduler`` so a OneCycleLR sto
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,9 +20,7 @@ import pytest
 
 from tests.support.cli import clean_env
 
-pytestmark = [pytest.mark.optional,
-              pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                 reason="needs the real accelerate (test extra)")]
+pytestmark = [pytest.mark.requires("accelerate")]
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "scheduler_lrs.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

@@ -32,7 +32,7 @@ def _mesh_of(module_name: str) -> dict:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.optional
+@pytest.mark.requires("accelerate")
 def test_build_device_mesh_from_launched_variables_matches_accelerate():
     ours = run_distributed(_mesh_of, 4, "overdrive.config", env=_LAUNCHED, timeout=180)
     theirs = run_distributed(_mesh_of, 4, "accelerate.parallelism_config", env=_LAUNCHED, timeout=180)

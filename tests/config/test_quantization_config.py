@@ -3,7 +3,6 @@ Accelerate's (each case run through both, the real one in a subprocess so no ali
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,9 +14,7 @@ import torch
 from overdrive.compat.cli_launch import _convert_nargs_to_dict
 from overdrive.config.quantization import BnbQuantizationConfig
 
-pytestmark = [pytest.mark.optional,
-              pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                 reason="the real accelerate (test extra) is not installed")]
+pytestmark = pytest.mark.requires("accelerate")
 
 CONFIGS = [dict(load_in_8bit=True), dict(load_in_4bit=True), dict(load_in_4bit=True, bnb_4bit_compute_dtype="bf16"),
            dict(load_in_8bit=True, torch_dtype="bf16"), dict(load_in_8bit=True, load_in_4bit=True), dict(),

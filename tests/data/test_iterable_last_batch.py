@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from tests.support.distributed import run_distributed
 
-pytest.importorskip("accelerate")
+pytestmark = pytest.mark.requires("accelerate")
 
 # (samples, batch_size, even_batches, drop_last, split_batches, dispatch_batches); Accelerate itself fails
 # (TypeError) when a dispatched stream holds fewer samples than one global batch and drop_last is set: left out

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from tests.support.distributed import run_distributed
 
-pytest.importorskip("torchdata.stateful_dataloader")
+pytestmark = pytest.mark.requires("torchdata")  # StatefulDataLoader
 
 
 class Stream(IterableDataset):

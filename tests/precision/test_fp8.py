@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-pytest.importorskip("torchao.float8", reason="fp8 tests need torchao (pip install torchao)")
-pytestmark = [pytest.mark.optional]  # torchao
+pytestmark = pytest.mark.requires("torchao")  # float8 training
 
 from digits import train_step  # noqa: E402
 from overdrive import Accelerator  # noqa: E402

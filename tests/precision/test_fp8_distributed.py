@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torchao.float8", reason="fp8 tests need torchao (pip install torchao)")
-pytestmark = [pytest.mark.optional, pytest.mark.slow]  # torchao
+pytestmark = [pytest.mark.requires("torchao"), pytest.mark.slow]  # float8 training
 
 from tests.precision.test_fp8 import Net, batches, by_hand, train_accelerated, train_by_hand  # noqa: E402
 from tests.support.distributed import run_distributed  # noqa: E402

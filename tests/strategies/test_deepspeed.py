@@ -3,7 +3,6 @@ Megatron-LM plugin's checks, the missing-package errors; and one real launch wit
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
 import sys
@@ -22,8 +21,6 @@ from overdrive import (
 )
 from overdrive.strategies.deepspeed.ds_config import engine_config
 from tests.support.cli import clean_env, overdrive, rank_results
-
-needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 
 
 def _fill(plugin: DeepSpeedPlugin, **overrides):
@@ -108,7 +105,7 @@ def test_conflicts_are_reported_together_naming_both_values():
         DeepSpeedPlugin(hf_ds_config="/no/such/ds_config.json")
 
 
-@needs_deepspeed
+@pytest.mark.requires("deepspeed")
 def test_accelerator_takes_precision_and_accumulation_from_the_config():
     plugins = {"student": DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": True}, "gradient_accumulation_steps": 3}),
                "teacher": DeepSpeedPlugin(zero_stage=3)}
@@ -130,7 +127,7 @@ def test_accelerator_takes_precision_and_accumulation_from_the_config():
     acc.free_memory()
 
 
-@needs_deepspeed
+@pytest.mark.requires("deepspeed")
 def test_the_plan_copies_the_plugins_and_selection_leaves_them_untouched():
     """The user's plugin objects are the same after Accelerator() and after selecting another plugin: the
     plan holds copies (read-only), and which plugin is selected is runtime state of the Accelerator."""
@@ -164,7 +161,7 @@ def test_the_plan_copies_the_plugins_and_selection_leaves_them_untouched():
     acc.free_memory()
 
 
-@needs_deepspeed
+@pytest.mark.requires("deepspeed")
 def test_prepare_refuses_what_deepspeed_cannot_build_together():
     import torch
     import torch.distributed as dist
@@ -189,7 +186,7 @@ def test_prepare_refuses_what_deepspeed_cannot_build_together():
     acc.free_memory()
 
 
-@needs_deepspeed
+@pytest.mark.requires("deepspeed")
 def test_launch_config_selects_deepspeed(monkeypatch):
     monkeypatch.setenv("OVERDRIVE_LAUNCH_CONFIG", json.dumps({
         "distributed_type": "DEEPSPEED", "mixed_precision": "no", "gradient_accumulation_steps": 2,
@@ -277,7 +274,7 @@ open(f"{sys.argv[1]}/result_{acc.process_index}.json", "w").write(json.dumps({
 """
 
 
-@needs_deepspeed
+@pytest.mark.requires("deepspeed")
 @pytest.mark.deepspeed
 @pytest.mark.timeout(180)
 def test_use_deepspeed_launch_trains_on_two_processes(tmp_path):

@@ -5,14 +5,11 @@ equal those of the plain ``backward(loss)``."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-pytestmark = [pytest.mark.slow, pytest.mark.deepspeed, pytest.mark.usefixtures("one_process_group"),
-              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")]
+pytestmark = [pytest.mark.slow, pytest.mark.deepspeed, pytest.mark.usefixtures("one_process_group")]
 
 
 def _weights(mode: str) -> tuple[torch.Tensor, torch.Tensor]:

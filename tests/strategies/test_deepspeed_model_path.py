@@ -4,8 +4,6 @@ every hook overdrive put on the module (DeepSpeed's own stay: the engine needs t
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -20,8 +18,7 @@ from overdrive.transforms.compile import compiled_in_place
 from tests.support.parallel import accelerated_losses, make_model, reference_losses, worst
 from tests.transforms.test_model_path import is_checkpointed, overdrive_hooks
 
-pytestmark = [pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed"),
-              pytest.mark.usefixtures("one_process_group"), pytest.mark.deepspeed]
+pytestmark = [pytest.mark.usefixtures("one_process_group"), pytest.mark.deepspeed]
 
 
 @pytest.mark.slow

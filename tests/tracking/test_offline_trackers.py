@@ -31,8 +31,6 @@ ACCS = [0.5, 1.5, 2.5]
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory) -> Path:
     names = [name for name, module in LIBRARIES.items() if importlib.util.find_spec(module) is not None]
-    if not names:
-        pytest.skip("none of comet_ml, clearml, trackio, swanlab is installed")
     root = tmp_path_factory.mktemp("offline")
     env = {**os.environ, **offline_env(root)}
     # Output to a file, not a pipe: a process one of the libraries forks can outlive the script holding
@@ -52,13 +50,8 @@ def logged(tmp_path_factory) -> Path:
     return root
 
 
-def _need(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed")
-
-
+@pytest.mark.requires("comet_ml")
 def test_comet_offline_experiment(logged: Path) -> None:
-    _need("comet_ml")
     (archive,) = (logged / "comet_ml").glob("*.zip")
     messages = [json.loads(line) for line in zipfile.ZipFile(archive).read("messages.json").decode().splitlines()]
     metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
@@ -69,8 +62,8 @@ def test_comet_offline_experiment(logged: Path) -> None:
     assert params["lr"] == 0.1 and params["layers"] == 2
 
 
+@pytest.mark.requires("clearml")
 def test_clearml_offline_task(logged: Path) -> None:
-    _need("clearml")
     (session,) = [p for p in (logged / "clearml" / "offline").iterdir() if p.is_dir()]
     events = [event for line in (session / "metrics.jsonl").read_text().splitlines() for event in json.loads(line)]
     scalars = {(e["metric"], e["variant"], e["iter"]): e["value"] for e in events
@@ -82,8 +75,8 @@ def test_clearml_offline_task(logged: Path) -> None:
     assert task["configuration"]["General"]["value"].splitlines() == ["lr = 0.1", "layers = 2"]
 
 
+@pytest.mark.requires("trackio")
 def test_trackio_local_database(logged: Path) -> None:
-    _need("trackio")
     with sqlite3.connect(logged / "trackio" / "overdrive_offline.db") as db:
         rows = db.execute("SELECT step, metrics FROM metrics ORDER BY step").fetchall()
         (config,) = db.execute("SELECT config FROM configs").fetchone()
@@ -92,8 +85,8 @@ def test_trackio_local_database(logged: Path) -> None:
     assert json.loads(config)["lr"] == 0.1
 
 
+@pytest.mark.requires("swanlab")
 def test_swanlab_offline_run(logged: Path) -> None:
-    _need("swanlab")
     from swanlab.proto.swanlab.record.v1.record_pb2 import Record
     from swanlab.sdk.internal.core_python.store import DataStoreReader
 

@@ -431,7 +431,7 @@ def test_csv_widens_its_header_when_a_new_metric_appears(tmp_path):
     assert [(r[0], r[2], r[3]) for r in rows[1:]] == [("0", "1.0", ""), ("1", "0.5", "0.9"), ("2", "0.25", "")]
 
 
-@pytest.mark.skipif("mlflow" not in OPTIONAL, reason="mlflow is not installed")
+@pytest.mark.requires("mlflow")
 def test_mlflow_file_store_through_tracking_uri(tmp_path):
     uri = f"file:{tmp_path / 'store'}"
     (tracker,) = start_trackers(["mlflow"], "proj", config={"a": 1}, logging_dir=None,
@@ -476,8 +476,8 @@ def _write_run(tmp_path) -> str:
     return str(tmp_path / "run")
 
 
+@pytest.mark.requires("matplotlib")
 def test_plot_writes_a_png_and_prints_first_last_min_max(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     from overdrive.cli.plot import plot_main
 
     run_dir = _write_run(tmp_path)

@@ -15,11 +15,12 @@ from overdrive.transforms.pipeline.split import plan_stages
 from overdrive.transforms.tensor_parallel import match_blocks
 from tests.support.parallel import make_model
 
-transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.optional
+pytestmark = pytest.mark.requires("transformers")
 
 
 def _hf(kind: str) -> nn.Module:
+    import transformers
+
     small = {"vocab_size": 64, "max_position_embeddings": 64}
     configs = {
         "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(

@@ -47,10 +47,10 @@ def test_user_plan_patterns_styles_and_errors():
     assert "= 'sideways' is not valid; choose from " in text
 
 
-transformers = pytest.importorskip("transformers")
-
 
 def _llama() -> nn.Module:
+    import transformers
+
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     with torch.device("meta"):
@@ -58,18 +58,23 @@ def _llama() -> nn.Module:
 
 
 def _gpt2() -> nn.Module:
+    import transformers
+
     config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
     with torch.device("meta"):
         return transformers.GPT2LMHeadModel(config)
 
 
 def _bert() -> nn.Module:
+    import transformers
+
     config = transformers.BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                      num_attention_heads=4, max_position_embeddings=64)
     with torch.device("meta"):
         return transformers.BertForMaskedLM(config)
 
 
+@pytest.mark.requires("transformers")
 def test_llama_is_recognised_by_structure():
     plan = match_blocks(_llama(), tp_size=2, sequence_parallel=True)
     assert _layer0(plan, "model.layers.0.") == {
@@ -82,6 +87,7 @@ def test_llama_is_recognised_by_structure():
         match_blocks(_llama(), tp_size=4)  # 2 key/value heads cannot be split 4 ways
 
 
+@pytest.mark.requires("transformers")
 def test_bert_attention_output_and_split_mlp_are_paired_across_submodules():
     plan = match_blocks(_bert(), tp_size=2, sequence_parallel=True)
     assert _layer0(plan, "bert.encoder.layer.0.") == {
@@ -92,6 +98,7 @@ def test_bert_attention_output_and_split_mlp_are_paired_across_submodules():
     assert plan.attention[0] == "bert.encoder.layer.0.attention.self"
 
 
+@pytest.mark.requires("transformers")
 def test_gpt2_fused_qkv_stays_replicated_with_a_notice_and_cannot_be_forced():
     plan = match_blocks(_gpt2(), tp_size=2)
     assert _layer0(plan, "transformer.h.0.") == {
