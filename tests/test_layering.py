@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[str, ...]] = [
     # 0 plain values and leaf helpers: import nothing above
     ("overdrive.config", "overdrive._lazy", "overdrive._version", "overdrive.launchers.protocol",
-     "overdrive.compat.accelerate_env"),
+     "overdrive.config.accelerate_env"),
     # 1 helpers over torch alone
     # runtime.group (the one source of rank / world size) and the cluster detection it reads sit with the
     # helpers that ask for the rank (ops, logging, set_seed): they import only torch.distributed and os

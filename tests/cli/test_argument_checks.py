@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from overdrive import Accelerator, notebook_launcher
+from overdrive.config.launch_settings import by_name
 from overdrive.launchers import config_file as cf
 from tests.support.cli import clean_env
 
@@ -65,8 +66,9 @@ def test_one_format_and_the_intended_hint_everywhere(tmp_path):
         cf.load_config(path)
     for error in (python_api, notebook, config_file):
         assert expected in str(error.value), str(error.value)
-    assert "(did you mean 'bf16'?)" in cf._choice(cf.MIXED_PRECISION)("--mixed_precision", "bfloat16")[1]
-    assert "(did you mean 'fp8'?)" in cf._choice(cf.MIXED_PRECISION)("--mixed_precision", "fp9")[1]  # spelling
+    precision = by_name()["mixed_precision"]
+    assert "(did you mean 'bf16'?)" in precision.check("--mixed_precision", "bfloat16")[1]
+    assert "(did you mean 'fp8'?)" in precision.check("--mixed_precision", "fp9")[1]  # spelling
 
 
 def test_no_message_in_the_package_uses_another_format_for_choices():

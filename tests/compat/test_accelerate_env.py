@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from overdrive.compat.accelerate_env import settings_from_environment, variables_for_workers
+from overdrive.config.accelerate_env import settings_from_environment, variables_for_workers
 from tests.support.cli import clean_env, overdrive
 
 
@@ -24,7 +24,7 @@ def test_variables_map_to_launch_settings():
     assert settings == {
         "mixed_precision": "bf16", "cpu": True, "gradient_accumulation_steps": 4, "distributed_type": "FSDP",
         "fsdp_config": {"fsdp_offload_params": False, "fsdp_transformer_layer_cls_to_wrap": "Block"},
-        "dynamo_config": {"dynamo_backend": "inductor", "dynamo_mode": "max-autotune"}, "dynamo_backend": "inductor"}
+        "dynamo_config": {"dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune"}, "dynamo_backend": "inductor"}
     assert settings_from_environment({}) == {}
 
 
@@ -33,9 +33,9 @@ def test_every_bad_value_is_reported_naming_its_variable():
         settings_from_environment({"ACCELERATE_MIXED_PRECISION": "fp33", "ACCELERATE_USE_CPU": "maybe",
                                    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "0"})
     text = str(info.value)
-    assert "ACCELERATE_MIXED_PRECISION='fp33' is not valid; choose from no, fp16, bf16, fp8" in text
-    assert "ACCELERATE_USE_CPU='maybe' is not a yes/no value" in text
-    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS='0' is not valid; it must be an integer >= 1" in text
+    assert "ACCELERATE_MIXED_PRECISION: 'fp33' is not valid; choose from no, fp16, bf16, fp8" in text
+    assert "ACCELERATE_USE_CPU: 'maybe' is not a boolean; use true or false" in text
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS: 0 must be 1 or more" in text
     with pytest.raises(ValueError, match="both set"):
         settings_from_environment({"ACCELERATE_USE_FSDP": "1", "ACCELERATE_USE_DEEPSPEED": "1"})
 
@@ -66,7 +66,7 @@ def test_accelerator_follows_the_variables_and_refuses_a_bad_one(tmp_path):
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout.splitlines()[-1]) == {"precision": "bf16", "steps": 3}
     bad = _run(code, clean_env(tmp_path, ACCELERATE_MIXED_PRECISION="fp33"))
-    assert bad.returncode != 0 and "ACCELERATE_MIXED_PRECISION='fp33' is not valid" in bad.stderr
+    assert bad.returncode != 0 and "ACCELERATE_MIXED_PRECISION: 'fp33' is not valid" in bad.stderr
 
 
 @pytest.mark.multiprocess
@@ -110,9 +110,9 @@ def test_rarer_variables_read_checked_and_exported(tmp_path):
                                    "ACCELERATE_FP8_BACKEND": "fp4", "ACCELERATE_CPU_AFFINITY": "2",
                                    "ACCELERATE_USE_PARALLELISM_CONFIG": "?"})
     text = str(info.value)
-    for name in ("ACCELERATE_TORCH_DEVICE='gpu7' is not a torch device", "ACCELERATE_USE_MEGATRON_LM='sure'",
-                 "ACCELERATE_FP8_BACKEND='fp4' is not valid; choose from AO, TE, MSAMP",
-                 "ACCELERATE_CPU_AFFINITY='2'", "ACCELERATE_USE_PARALLELISM_CONFIG='?'"):
+    for name in ("ACCELERATE_TORCH_DEVICE: 'gpu7' is not a torch device", "ACCELERATE_USE_MEGATRON_LM: 'sure'",
+                 "ACCELERATE_FP8_BACKEND: 'fp4' is not valid; choose from AO, TE, MSAMP",
+                 "ACCELERATE_CPU_AFFINITY: '2'", "ACCELERATE_USE_PARALLELISM_CONFIG: '?'"):
         assert name in text
     with pytest.raises(ValueError, match="ACCELERATE_USE_MEGATRON_LM and ACCELERATE_USE_DEEPSPEED are both set"):
         settings_from_environment({"ACCELERATE_USE_MEGATRON_LM": "1", "ACCELERATE_USE_DEEPSPEED": "1"})
@@ -135,4 +135,4 @@ def test_rarer_variables_read_checked_and_exported(tmp_path):
     assert placed.returncode == 0, placed.stderr
     assert placed.stdout.splitlines()[-1] == "cpu:0"
     bad = _run(code, clean_env(tmp_path, ACCELERATE_TORCH_DEVICE="gpu7"))
-    assert bad.returncode != 0 and "ACCELERATE_TORCH_DEVICE='gpu7' is not a torch device" in bad.stderr
+    assert bad.returncode != 0 and "ACCELERATE_TORCH_DEVICE: 'gpu7' is not a torch device" in bad.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from overdrive import TorchDynamoPlugin
-from overdrive.compat.accelerate_env import settings_from_environment
+from overdrive.config.accelerate_env import settings_from_environment
 from overdrive.config.compile import DYNAMO_BACKENDS
 from overdrive.launchers.config_file import ConfigError, validate_config
 from overdrive.utils import DynamoBackend

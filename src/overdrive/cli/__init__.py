@@ -108,6 +108,26 @@ def add_flag(group: argparse._ActionsContainer, name: str, *aliases: str, **kwar
     group.add_argument(*spellings, *aliases, dest=name, **kwargs)
 
 
+def add_setting_flag(group: argparse._ActionsContainer, setting: Any) -> None:
+    """The flag of a launch setting (``overdrive.config.launch_settings.Setting``), built from the schema:
+    a switch, a repeatable flag, a boolean that may stand alone (``--fsdp_offload_params`` = true) or a
+    value; every default is None so that a flag given can be told apart from one left out."""
+    name, text = setting.flag_name, setting.help
+    if setting.default not in (None, False, "") and "default" not in text:
+        text += f" (default: {setting.default})"
+    kwargs: dict[str, Any] = {"default": None, "help": argparse.SUPPRESS if setting.hidden else (text or None)}
+    if setting.switch:
+        kwargs["action"] = "store_true"
+    elif setting.append:
+        kwargs.update(action="append", metavar=setting.kind.shown_metavar())
+    elif setting.kind.metavar == "BOOL":
+        kwargs.update(nargs="?", const="true", metavar="VALUE")
+    else:
+        kwargs["metavar"] = setting.kind.shown_metavar()
+    spellings = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    group.add_argument(*spellings, *setting.aliases, dest=setting.name, **kwargs)
+
+
 def build_parser(only: str | None = None) -> tuple[Parser, dict[str, Parser]]:
     """The ``overdrive`` parser and each subcommand's own parser (with ``only``: that subcommand's alone, so
     that ``overdrive launch`` does not import and build the other seven on every start)."""

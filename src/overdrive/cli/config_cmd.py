@@ -13,9 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from overdrive.cli import UsageError, add_flag
+from overdrive.cli import UsageError, add_flag, add_setting_flag
 from overdrive.config.choices import invalid_choice
+from overdrive.config.launch_settings import MIXED_PRECISION, Setting, by_name
 from overdrive.launchers import config_file as cf
+
+SETTINGS = by_name()
 
 
 def add_parser(sub: Any) -> None:
@@ -29,9 +32,8 @@ def add_parser(sub: Any) -> None:
     default = actions.add_parser("default", help="write a config for this machine without asking anything",
                                  allow_abbrev=False)
     add_flag(default, "config_file", metavar="PATH", help="where to write (default: the default config file)")
-    add_flag(default, "mixed_precision", metavar="{" + ",".join(cf.MIXED_PRECISION) + "}", default="no")
-    add_flag(default, "num_processes", metavar="N", help="processes (default: one per GPU, or 1)")
-    add_flag(default, "cpu", action="store_true", help="train on the CPU even if there is a GPU")
+    for name in ("mixed_precision", "num_processes", "cpu"):
+        add_setting_flag(default, SETTINGS[name])
     add_flag(default, "force", action="store_true", help="overwrite an existing file")
     default.set_defaults(run=run_default)
     update = actions.add_parser("update", help="rewrite an existing config file with the current keys",
@@ -62,11 +64,11 @@ def run_default(args: argparse.Namespace) -> int:
               "or --config_file to write elsewhere", file=sys.stderr)
         return 0
     problems: list[str] = []
-    precision, problem = cf._choice(cf.MIXED_PRECISION)("--mixed_precision", args.mixed_precision)
+    precision, problem = SETTINGS["mixed_precision"].check("--mixed_precision", args.mixed_precision or "no")
     problems += [problem] if problem else []
     num_processes = None
     if args.num_processes is not None:
-        num_processes, problem = cf._int(minimum=1)("--num_processes", args.num_processes)
+        num_processes, problem = SETTINGS["num_processes"].check("--num_processes", args.num_processes)
         problems += [problem] if problem else []
     if problems:
         raise UsageError(problems)
@@ -123,6 +125,15 @@ class Asker:
             print(f"  {problem}")
         raise UsageError(f"no valid answer to {question!r} after {self.tries} tries")
 
+    def setting(self, setting: Setting, default: Any, question: str | None = None) -> Any:
+        """Ask the setting's question (or ``question``); the answer is checked by the setting's kind, and a
+        bad one gets the same message as the flag or the config file would (labelled with the key)."""
+        def parse(answer: str) -> tuple[Any, str | None]:
+            if setting.kind.metavar == "BOOL":
+                answer = {"y": "yes", "n": "no"}.get(answer.lower(), answer)
+            return setting.check(setting.yaml_key or setting.name, answer)
+        return self.ask(question or setting.question or setting.name, default, parse)
+
     def choose(self, question: str, choices: list[str], default: str) -> str:
         """Print the numbered ``choices``; return the one picked by number or name (``default`` on Enter)."""
         def parse(answer: str) -> tuple[Any, str | None]:
@@ -145,12 +156,8 @@ def _show(value: Any) -> str:
 
 def _yes_no(answer: str) -> tuple[Any, str | None]:
     answer = {"y": "yes", "n": "no"}.get(answer.lower(), answer)
-    value, problem = cf._bool("answer", answer)
+    value, problem = by_name()["cpu"].check("answer", answer)
     return (value, None) if problem is None else (answer, f"{answer!r}: answer yes or no")
-
-
-def _int_at_least(minimum: int) -> Callable[[str], tuple[Any, str | None]]:
-    return lambda answer: cf._int(minimum=minimum)("answer", answer)
 
 
 def questionnaire(asker: Asker, device_type: str, device_count: int) -> dict[str, Any]:
@@ -162,30 +169,29 @@ def questionnaire(asker: Asker, device_type: str, device_count: int) -> dict[str
     config.pop("gpu_ids", None)
     if kind == "no distributed training":
         config.update(distributed_type="NO", num_processes=1)
-        config["use_cpu"] = device_count == 0 or bool(asker.ask("Train on the CPU only?", False, _yes_no))
+        config["use_cpu"] = device_count == 0 or bool(asker.setting(SETTINGS["cpu"], False))
     else:
         config["distributed_type"] = "MULTI_CPU" if kind == "multi-CPU" else (
             "MULTI_GPU" if device_type == "cuda" else f"MULTI_{device_type.upper()}")
-        machines = asker.ask("How many machines will take part?", 1, _int_at_least(1))
+        machines = asker.setting(SETTINGS["num_machines"], 1)
         config["num_machines"] = machines
         if machines > 1:
-            config["machine_rank"] = asker.ask("What is the rank of this machine (0 for the main one)?", 0,
-                                               _int_at_least(0))
-            config["main_process_ip"] = asker.ask("What is the IP address of the machine of rank 0?", None,
-                                                  lambda a: (a, None))
-            config["main_process_port"] = asker.ask("Which port on it?", 29500, _int_at_least(1))
-            config["same_network"] = asker.ask("Are all the machines on the same local network?", True, _yes_no)
-            config["rdzv_backend"] = asker.choose("Which rendezvous backend?", list(cf.RDZV_BACKENDS[:2]), "static")
+            for name, default in (("machine_rank", 0), ("main_process_ip", None), ("main_process_port", 29500),
+                                  ("same_network", True)):
+                config[name] = asker.setting(SETTINGS[name], default)
+            rdzv = SETTINGS["rdzv_backend"]
+            config["rdzv_backend"] = asker.choose(str(rdzv.question), ["static", "c10d"], "static")
         per_machine = device_count if kind == gpu_kind else 2
-        config["num_processes"] = asker.ask(f"How many processes in all (over {machines} machine(s))?",
-                                            per_machine * machines, _int_at_least(1))
+        processes = SETTINGS["num_processes"]
+        config["num_processes"] = asker.setting(processes, per_machine * machines,
+                                                f"{str(processes.question)[:-1]} (over {machines} machine(s))?")
         if kind == gpu_kind:
-            config["gpu_ids"] = asker.ask("Which devices (by id) should be used?", "all",
-                                          lambda a: cf._gpu_ids("answer", a))
+            config["gpu_ids"] = asker.setting(SETTINGS["gpu_ids"], "all")
     if asker.ask("Compile the model with torch.compile (dynamo)?", False, _yes_no):
-        backend = asker.choose("Which dynamo backend?", ["inductor", "eager", "aot_eager", "cudagraphs"], "inductor")
+        backend = asker.choose(str(SETTINGS["dynamo_backend"].question), ["inductor", "eager", "aot_eager", "cudagraphs"],
+                               "inductor")
         config["dynamo_config"] = {"dynamo_backend": backend.upper()}
-    config["mixed_precision"] = asker.choose("Mixed precision?", list(cf.MIXED_PRECISION), "no")
+    config["mixed_precision"] = asker.choose(str(SETTINGS["mixed_precision"].question), list(MIXED_PRECISION), "no")
     return config
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from overdrive.cli import UsageError, add_flag
+from overdrive.config.launch_settings import by_name
 from overdrive.launchers import config_file as cf
 
 DEFAULT_PORT = 29500
@@ -214,12 +215,13 @@ def run(args: argparse.Namespace) -> int:
     config = cf.load_config(source.path) if source.path and source.path.is_file() else {}
     problems: list[str] = []
     values = {}
+    settings = by_name()
     for name, default in (("num_machines", 1), ("machine_rank", 0), ("main_process_port", DEFAULT_PORT)):
-        value, problem = cf._int(minimum=0)(f"--{name}", _setting(args, config, name, default))
+        value, problem = settings[name].check(f"--{name}", _setting(args, config, name, default))
         values[name] = value
         if problem:
             problems.append(problem)
-    timeout, problem = cf._float("--timeout", args.timeout if args.timeout is not None else 3.0)
+    timeout, problem = settings["timeout"].check("--timeout", args.timeout if args.timeout is not None else 3.0)
     if problem:
         problems.append(problem)
     if problems:

@@ -10,153 +10,38 @@ import argparse
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overdrive.cli import Parser, UsageError, add_flag, launch_extra
+from overdrive.cli import Parser, UsageError, add_setting_flag, launch_extra
+from overdrive.config.launch_settings import GROUPS, Setting, by_name, current
 from overdrive.launchers import config_file as cf
 from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, launch_script
 
-# launch setting -> config file key (None: a flag only)
-CONFIG_KEYS: dict[str, str | None] = {
-    "num_processes": "num_processes", "num_machines": "num_machines", "machine_rank": "machine_rank",
-    "main_process_ip": "main_process_ip", "main_process_port": "main_process_port",
-    "rdzv_backend": "rdzv_backend", "rdzv_conf": "rdzv_conf", "same_network": "same_network",
-    "max_restarts": "max_restarts", "monitor_interval": None, "gpu_ids": "gpu_ids",
-    "mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
-    "num_cpu_threads_per_process": "num_cpu_threads_per_process", "debug": "debug", "timeout": None,
-    "stall_timeout": None,
-}
-
-# config keys handed to the workers as they are, when the file has them
-PASSTHROUGH_KEYS = ("distributed_type", "downcast_bf16", "enable_cpu_affinity", "dynamo_config", "fsdp_config",
-                    "deepspeed_config", "megatron_lm_config", "fp8_config", "parallelism_config", "ipex_config",
-                    "main_training_function")
+# config file keys handed to the workers as they are, when the file has them (the other settings of the file
+# reach them through launch_extra.apply_flags, over the flags)
+PASSTHROUGH = ("distributed_type", "dynamo_config", "fsdp_config", "deepspeed_config", "megatron_lm_config",
+               "fp8_config", "parallelism_config", "ipex_config")
+#: the plugin sections whose flags need their switch: section -> (distributed_type, switch flag)
+PLUGIN_SECTIONS = {"deepspeed_config": ("DEEPSPEED", "--use_deepspeed"), "fsdp_config": ("FSDP", "--use_fsdp")}
 
 DEVICE_VARIABLES = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK", "npu": "ASCEND_RT_VISIBLE_DEVICES",
                     "mlu": "MLU_VISIBLE_DEVICES", "musa": "MUSA_VISIBLE_DEVICES", "hpu": "HABANA_VISIBLE_MODULES"}
 
 
-def add_launch_flags(parser: argparse.ArgumentParser) -> None:
-    """Accelerate's launch flags (both spellings); every default is None so a given flag can be told apart."""
-    add_flag(parser, "config_file", metavar="PATH",
-             help="config file to read (default: $OVERDRIVE_CONFIG_FILE or the one 'overdrive config' wrote)")
-    add_flag(parser, "quiet", "-q", action="store_true", default=None,
-             help="print only the workers' output and failures, no launcher lines")
-    add_flag(parser, "debug", action="store_true", default=None,
-             help="show torchrun's own log and command, and check collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
-    add_flag(parser, "module", "-m", action="store_true", default=False,
-             help="run the target as a module, like 'python -m'")
-    add_flag(parser, "no_python", action="store_true", default=False,
-             help="run the target as a program, without 'python' in front")
-    add_flag(parser, "as_accelerate", action="store_true", default=False,
-             help="run an unmodified Accelerate script (or transformers / PEFT / TRL): 'import accelerate' "
-                  "gives overdrive in every worker (overdrive.install_as_accelerate)")
-    hw = parser.add_argument_group("hardware")
-    add_flag(hw, "cpu", action="store_true", default=None, help="train on the CPU even if there is a GPU")
-    add_flag(hw, "multi_gpu", action="store_true", default=None,
-             help="one process per GPU (on a machine without GPUs: CPU processes)")
-    add_flag(hw, "gpu_ids", metavar="IDS", help="the GPUs of this machine to use, e.g. '0,1' (default: all)")
-    res = parser.add_argument_group("resources")
-    add_flag(res, "num_processes", metavar="N", help="processes in all, over every machine")
-    add_flag(res, "num_machines", metavar="N", help="machines taking part (default 1)")
-    add_flag(res, "num_cpu_threads_per_process", metavar="N",
-             help="OMP_NUM_THREADS of each worker (default: this machine's cores / its processes)")
-    add_flag(res, "mixed_precision", metavar="{" + ",".join(cf.MIXED_PRECISION) + "}")
-    add_flag(res, "gradient_accumulation_steps", metavar="N")
-    add_flag(res, "dynamo_backend", metavar="BACKEND", help="torch.compile backend: no, inductor, eager, ...")
-    dist = parser.add_argument_group("several machines and restarts")
-    add_flag(dist, "machine_rank", metavar="RANK", help="this machine's rank, 0 for the main one")
-    add_flag(dist, "main_process_ip", metavar="ADDR", help="address of the machine of rank 0")
-    add_flag(dist, "main_process_port", metavar="PORT", help="port on the machine of rank 0 (default 29500)")
-    add_flag(dist, "same_network", action="store_true", default=None, help="all machines share a local network")
-    add_flag(dist, "rdzv_backend", metavar="{" + ",".join(cf.RDZV_BACKENDS) + "}",
-             help="torchrun rendezvous: static (default) or c10d")
-    add_flag(dist, "rdzv_conf", metavar="K=V,...", help="extra rendezvous settings for torchrun")
-    add_flag(dist, "max_restarts", metavar="N", help="restart the whole group up to N times when a process fails")
-    add_flag(dist, "monitor_interval", metavar="SECONDS", help="how often the workers are checked (default 0.1)")
-    add_flag(dist, "timeout", metavar="SECONDS",
-             help="how long a collective waits for every rank before the job ends with a hang report naming the "
-                  "rank that did not arrive (default: 180 on the CPU, 600 on GPUs)")
-    add_flag(dist, "stall_timeout", metavar="SECONDS",
-             help="end the job with every rank's stack when no rank has issued a collective for this long "
-                  "(a hang outside collectives, which no timeout catches; default: off)")
-    add_flag(dist, "log_dir", metavar="DIR", help="keep each worker's logs here (default: a temporary directory)")
-    add_flag(dist, "tee", "-t", metavar="STREAMS",
-             help="torchrun's --tee: 1 stdout, 2 stderr, 3 both, to log files and the console with a prefix")
-    add_flag(dist, "role", metavar="NAME", default="default", help="torchrun's worker role name")
-    _add_plugin_flags(parser)
-    launch_extra.add_flags(parser)
-
-
-def _bool_value(key: str, value: Any) -> tuple[Any, str | None]:
-    return cf._bool(key, value)
-
-
-def _stage(key: str, value: Any) -> tuple[Any, str | None]:
-    number, problem = cf._int(minimum=0)(key, value)
-    if problem is None and number > 3:
-        problem = f"{key}: {number} is not a ZeRO stage; choose 0, 1, 2 or 3"
-    return number, problem
-
-
-def _fsdp_version(key: str, value: Any) -> tuple[Any, str | None]:
-    number, problem = cf._int(minimum=1)(key, value)
-    if problem is None and number > 2:
-        problem = f"{key}: {number} is not valid; choose 1 or 2 (both run on FSDP2)"
-    return number, problem
-
-
-_OFFLOAD = cf._choice(("none", "cpu", "nvme"))
-#: DeepSpeed flags -> (checker, help); each is the key of the same name in the config file's deepspeed_config
-DEEPSPEED_FLAGS: dict[str, tuple[cf.Checker, str]] = {
-    "deepspeed_config_file": (cf._text, "DeepSpeed's JSON config; its \"auto\" values are filled by overdrive"),
-    "zero_stage": (_stage, "ZeRO stage: 0, 1, 2 (default) or 3"),
-    "offload_optimizer_device": (_OFFLOAD, "offload the optimizer state: none, cpu or nvme (ZeRO 1-3)"),
-    "offload_param_device": (_OFFLOAD, "offload the parameters: none, cpu or nvme (ZeRO-3)"),
-    "offload_optimizer_nvme_path": (cf._text, "folder for the optimizer offloaded to NVMe"),
-    "offload_param_nvme_path": (cf._text, "folder for the parameters offloaded to NVMe"),
-    "gradient_clipping": (cf._float, "clip gradients to this global norm (DeepSpeed's default: 1.0; 0: off)"),
-    "zero3_init_flag": (_bool_value, "build models already sharded under ZeRO-3 (deepspeed.zero.Init)"),
-    "zero3_save_16bit_model": (_bool_value, "ZeRO-3: gather 16-bit weights when DeepSpeed saves the model"),
-    "deepspeed_moe_layer_cls_names": (cf._text, "mixture-of-experts layer classes, comma-separated"),
-    "deepspeed_multinode_launcher": (cf._text, "accepted for Accelerate: torchrun starts every machine's processes "
-                                               "(run overdrive launch on each machine)"),
-    "deepspeed_hostfile": (cf._text, "accepted for Accelerate; not used (see --deepspeed_multinode_launcher)"),
-    "deepspeed_exclusion_filter": (cf._text, "accepted for Accelerate; not used"),
-    "deepspeed_inclusion_filter": (cf._text, "accepted for Accelerate; not used"),
-}
-#: FSDP flags -> (checker, help); each is the key of the same name in the config file's fsdp_config
-FSDP_FLAGS: dict[str, tuple[cf.Checker, str]] = {
-    "fsdp_version": (_fsdp_version, "1 or 2 (both run on FSDP2's fully_shard)"),
-    "fsdp_sharding_strategy": (cf._text, "FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or HYBRID_SHARD_ZERO2"),
-    "fsdp_reshard_after_forward": (cf._text, "true (free gathered weights after forward) or false"),
-    "fsdp_auto_wrap_policy": (cf._text, "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP"),
-    "fsdp_transformer_layer_cls_to_wrap": (cf._text, "classes that get their own shard group, comma-separated"),
-    "fsdp_min_num_params": (cf._int(minimum=0), "SIZE_BASED_WRAP: parameters of a module with its own group"),
-    "fsdp_offload_params": (_bool_value, "keep sharded parameters, gradients and optimizer state on the CPU"),
-    "fsdp_state_dict_type": (cf._text, "SHARDED_STATE_DICT or FULL_STATE_DICT"),
-    "fsdp_activation_checkpointing": (_bool_value, "recompute each wrapped block's activations in backward"),
-    "fsdp_cpu_ram_efficient_loading": (_bool_value, "only rank 0 holds the full weights before sharding"),
-    "fsdp_sync_module_states": (_bool_value, "broadcast rank 0's weights before sharding"),
-    "fsdp_backward_prefetch": (cf._text, "accepted (an FSDP1 setting; FSDP2 prefetches by itself)"),
-    "fsdp_forward_prefetch": (_bool_value, "accepted (an FSDP1 setting)"),
-    "fsdp_use_orig_params": (_bool_value, "accepted (an FSDP1 setting)"),
-}
-
-
-def _add_plugin_flags(parser: argparse.ArgumentParser) -> None:
-    ds = parser.add_argument_group("DeepSpeed (Accelerate's flags; also the config file's deepspeed_config keys)")
-    add_flag(ds, "use_deepspeed", action="store_true", default=None, help="train with DeepSpeed ZeRO")
-    for name, (checker, text) in DEEPSPEED_FLAGS.items():
-        extra: dict[str, Any] = {"nargs": "?", "const": "true"} if checker is _bool_value else {}
-        add_flag(ds, name, metavar="VALUE", help=text, **extra)
-    fsdp = parser.add_argument_group("FSDP (Accelerate's flags; also the config file's fsdp_config keys)")
-    add_flag(fsdp, "use_fsdp", action="store_true", default=None, help="train with fully sharded data parallel")
-    for name, (checker, text) in FSDP_FLAGS.items():
-        extra = {"nargs": "?", "const": "true"} if checker is _bool_value else {}
-        add_flag(fsdp, name, metavar="VALUE", help=text, **extra)
+def add_launch_flags(parser: argparse.ArgumentParser, settings: Sequence[Setting] | None = None) -> None:
+    """Accelerate's launch flags (both spellings), one per setting of the schema that has a flag, in the
+    schema's groups; every default is None so a given flag can be told apart."""
+    groups: dict[str, argparse._ActionsContainer] = {}
+    for key, title in GROUPS.items():
+        groups[key] = parser.add_argument_group(title) if title else parser
+    for setting in current(settings):
+        if setting.flag_name:
+            add_setting_flag(groups[setting.group], setting)
+    for spelling in ("--no_tpu_cluster", "--no-tpu-cluster"):  # Accelerate's negation of --tpu_cluster
+        groups["other"].add_argument(spelling, dest="tpu_use_cluster", action="store_false", help=argparse.SUPPRESS)
 
 
 def _plugin_config(args: argparse.Namespace, config: dict[str, Any], source: cf.ConfigSource,
@@ -169,19 +54,19 @@ def _plugin_config(args: argparse.Namespace, config: dict[str, Any], source: cf.
         return {}
     kind = "DEEPSPEED" if use_deepspeed else "FSDP" if use_fsdp else str(config.get("distributed_type") or "")
     out: dict[str, Any] = {"distributed_type": kind} if use_deepspeed or use_fsdp else {}
-    for section, flags, wanted, switch in (("deepspeed_config", DEEPSPEED_FLAGS, "DEEPSPEED", "--use_deepspeed"),
-                                           ("fsdp_config", FSDP_FLAGS, "FSDP", "--use_fsdp")):
-        given = {name: _given(args, name) for name in flags if _given(args, name) is not None}
+    for section, (wanted, switch) in PLUGIN_SECTIONS.items():
+        given = {s: _given(args, s.name) for s in current()
+                 if s.flag_name and s.place[0] == section and _given(args, s.name) is not None}
         if given and kind != wanted:
-            names = ", ".join(f"--{name}" for name in given)
+            names = ", ".join(f"--{s.flag_name}" for s in given)
             problems.append(f"{names} {'is a flag' if len(given) == 1 else 'are flags'} of {wanted}: add {switch} "
                             f"(or distributed_type: {wanted} in the config file{f' {source.path}' if source.path else ''})")
             continue
         if kind != wanted:
             continue
         values = dict(config.get(section) or {})
-        for name, raw in given.items():
-            values[name] = _check(flags[name][0], f"--{name}", raw, problems)
+        for setting, raw in given.items():
+            values[setting.place[1]] = _check(setting, f"--{setting.flag_name}", raw, problems)
         if values.get("deepspeed_config_file"):  # the workers may start elsewhere
             values["deepspeed_config_file"] = str(Path(values["deepspeed_config_file"]).expanduser().absolute())
         out[section] = values
@@ -225,8 +110,8 @@ def _given(args: argparse.Namespace, name: str) -> Any:
     return getattr(args, name, None)
 
 
-def _check(checker: cf.Checker, label: str, raw: Any, problems: list[str]) -> Any:
-    value, problem = checker(label, raw)
+def _check(setting: Setting, label: str, raw: Any, problems: list[str]) -> Any:
+    value, problem = setting.check(label, raw)
     if problem:
         problems.append(problem)
     return value
@@ -294,14 +179,20 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
 
     cluster, cluster_source = launch_defaults(os.environ)  # one launcher per machine under SLURM / Kubeflow
 
-    def pick(name: str, checker: cf.Checker, default: Any) -> Value:
+    settings = by_name()
+
+    def pick(name: str, default: Any = None) -> Value:
+        setting = settings[name]
+        default = setting.default if default is None else default
         flag = _given(args, name)
         if flag is not None:
-            return Value(_check(checker, f"--{name}", flag, problems), f"--{name}")
+            value = _check(setting, f"--{setting.flag_name}", flag, problems)
+            if value != -1:  # num_processes -1: Accelerate's "not set"
+                return Value(value, f"--{setting.flag_name}")
         if name in cluster:
             return Value(cluster[name], cluster_source)
-        key = CONFIG_KEYS.get(name)
-        if key and key in config and config[key] is not None and not (key == "num_processes" and config[key] == -1):
+        key = setting.yaml_key
+        if key and key in config and config[key] is not None and config[key] != -1:
             return Value(config[key], f"{source.path} ({key})")
         return Value(default, "default")
 
@@ -309,18 +200,12 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     forced_cpu = bool(_given(args, "cpu")) or (
         not _given(args, "multi_gpu") and (config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
     cpu = forced_cpu or device_type is None
-    num_processes = pick("num_processes", cf._int(minimum=1), device_count if not cpu and device_count else 1)
-    num_machines = pick("num_machines", cf._int(minimum=1), 1)
-    machine_rank = pick("machine_rank", cf._int(minimum=0), 0)
-    ip = pick("main_process_ip", cf._text, None)
-    port = pick("main_process_port", cf._int(minimum=1), None)
-    rdzv = pick("rdzv_backend", cf._choice(cf.RDZV_BACKENDS), "static")
-    rdzv_conf = pick("rdzv_conf", cf._text, "")
-    same_network = pick("same_network", cf._bool, False)
-    restarts = pick("max_restarts", cf._int(minimum=0), 0)
-    interval = pick("monitor_interval", cf._float, 0.1)
-    gpu_ids = pick("gpu_ids", cf._gpu_ids, "all")
-    precision = pick("mixed_precision", cf._choice(cf.MIXED_PRECISION), "no")
+    num_processes = pick("num_processes", device_count if not cpu and device_count else 1)
+    num_machines, machine_rank = pick("num_machines"), pick("machine_rank")
+    ip, port = pick("main_process_ip"), pick("main_process_port")
+    rdzv, rdzv_conf, same_network = pick("rdzv_backend"), pick("rdzv_conf"), pick("same_network")
+    restarts, interval, gpu_ids = pick("max_restarts"), pick("monitor_interval"), pick("gpu_ids")
+    precision = pick("mixed_precision")
     if device is None:
         problems += _missing_packages(precision.value, bool(_given(args, "use_deepspeed")), config)
     elif precision.value == "fp8":  # a missing package or GPU fails here once, not in every worker
@@ -330,19 +215,12 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
         fp8_problem = fp8_unavailable(backend, "cpu" if cpu else device_type)
         if fp8_problem:
             problems.append(f"{precision.source}: mixed_precision 'fp8': {fp8_problem}")
-    accumulation = pick("gradient_accumulation_steps", cf._int(minimum=1), 1)
-    threads = pick("num_cpu_threads_per_process", cf._int(minimum=1), None)
-    debug = pick("debug", cf._bool, False)
-    timeout = pick("timeout", cf._float, None)
-    if timeout.value is not None and not timeout.value > 0:
-        problems.append(f"--timeout {timeout.value}: give a number of seconds above 0")
-    stall = pick("stall_timeout", cf._float, None)
-    if stall.value is not None and not stall.value > 0:
-        problems.append(f"--stall_timeout {stall.value}: give a number of seconds above 0")
-    dynamo = _dynamo_backend(args, config, source, problems)
+    accumulation, threads = pick("gradient_accumulation_steps"), pick("num_cpu_threads_per_process")
+    debug, timeout, stall = pick("debug"), pick("timeout"), pick("stall_timeout")
+    dynamo = _dynamo_backend(args, config, problems)
 
     if not problems and (device is not None or num_processes.source != "default"):
-        _check_together(num_processes, num_machines, machine_rank, ip, port, interval, problems)
+        _check_together(num_processes, num_machines, machine_rank, ip, problems)
     plugin_config = _plugin_config(args, config, source, problems)
     extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
     command = _command(args, problems)
@@ -355,7 +233,8 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     visible = {}
     if not cpu and gpu_ids.value != "all" and device_type in DEVICE_VARIABLES:
         visible[DEVICE_VARIABLES[device_type]] = gpu_ids.value
-    worker_config = {key: config[key] for key in PASSTHROUGH_KEYS if key in config}
+    keys = {name: settings[name].yaml_key for name in PASSTHROUGH}
+    worker_config = {name: config[key] for name, key in keys.items() if key in config}
     worker_config.update(plugin_config)
     worker_config.update(extra_config)
     worker_config.update(
@@ -393,17 +272,16 @@ def _inherited_threads() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-def _dynamo_backend(args: argparse.Namespace, config: dict[str, Any], source: cf.ConfigSource,
-                    problems: list[str]) -> str:
+def _dynamo_backend(args: argparse.Namespace, config: dict[str, Any], problems: list[str]) -> str:
     flag = _given(args, "dynamo_backend")
     if flag is not None:
-        return str(_check(cf._choice(cf.DYNAMO_BACKENDS), "--dynamo_backend", flag, problems))
+        return str(_check(by_name()["dynamo_backend"], "--dynamo_backend", flag, problems)).lower()
     backend = (config.get("dynamo_config") or {}).get("dynamo_backend")
     return str(backend).lower() if backend else "no"
 
 
-def _check_together(num_processes: Value, num_machines: Value, machine_rank: Value, ip: Value, port: Value,
-                    interval: Value, problems: list[str]) -> None:
+def _check_together(num_processes: Value, num_machines: Value, machine_rank: Value, ip: Value,
+                    problems: list[str]) -> None:
     if num_processes.value % num_machines.value:
         problems.append(
             f"num_processes {num_processes.value} (from {num_processes.source}) is the number of processes over all "
@@ -415,10 +293,6 @@ def _check_together(num_processes: Value, num_machines: Value, machine_rank: Val
     if num_machines.value > 1 and not ip.value:
         problems.append(f"num_machines {num_machines.value} (from {num_machines.source}) needs --main_process_ip, the "
                         "address of the machine of rank 0, on every machine")
-    if port.value is not None and not 0 < port.value < 65536:
-        problems.append(f"main_process_port {port.value} (from {port.source}) is not a port; give 1-65535")
-    if not interval.value > 0:
-        problems.append(f"monitor_interval {interval.value} (from {interval.source}) must be more than 0 seconds")
 
 
 def _command(args: argparse.Namespace, problems: list[str]) -> Command:

@@ -213,7 +213,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
 
 def _environ_only(args: argparse.Namespace) -> dict[str, str]:
     """The variables for ``args`` without a script to check (Accelerate builds them without one)."""
-    from overdrive.compat.accelerate_env import variables_for_workers
+    from overdrive.config.accelerate_env import variables_for_workers
 
     env = dict(os.environ)
     env.update(variables_for_workers({"mixed_precision": getattr(args, "mixed_precision", "no"),

@@ -226,6 +226,7 @@ def load_config_from_file(config_file: str | os.PathLike | None = None) -> Any:
 def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None) -> Path | bool:
     """Write a one-machine config file using every local device (``overdrive config default``); returns
     its path, or False (and changes nothing) when a file is already there."""
+    from overdrive.config.launch_settings import MIXED_PRECISION
     from overdrive.launchers import config_file as cf
 
     path = Path(save_location or cf.default_config_path()).expanduser()
@@ -234,8 +235,8 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
               "another save_location.")
         return False
     precision = str(mixed_precision).lower()
-    if precision not in cf.MIXED_PRECISION:
-        raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision, cf.MIXED_PRECISION))
+    if precision not in MIXED_PRECISION:
+        raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision, MIXED_PRECISION))
     count = torch.accelerator.device_count() if torch.accelerator.is_available() else 0
     accelerator = torch.accelerator.current_accelerator() if count else None
     kind = accelerator.type if accelerator is not None else "cpu"

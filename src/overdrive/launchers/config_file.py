@@ -15,26 +15,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# the one list of backend names (and modes); re-exported here for the CLI, which checks flags against them
-from overdrive.config.choices import invalid_choice, nearest
-from overdrive.config.compile import DYNAMO_BACKENDS, DYNAMO_MODES
+from overdrive.config.choices import nearest
+from overdrive.config.launch_settings import SECTIONS, Setting, by_yaml_key
+from overdrive.config.setting_kinds import Bool
 
 CONFIG_FILE_VAR = "OVERDRIVE_CONFIG_FILE"
 DEFAULT_NAME = "default_config.yaml"
-
-MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
-DISTRIBUTED_TYPES = (
-    "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
-    "MULTI_HPU", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "TPU",
-)
-COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE", "AMAZON_SAGEMAKER")
-RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
-
 
 
 class ConfigError(ValueError):
@@ -50,181 +41,31 @@ class ConfigError(ValueError):
             super().__init__(f"{where} has {len(problems)} problems:\n  - " + "\n  - ".join(problems))
 
 
-# -- the schema: one checker per key ---------------------------------------------------------------------
-Checker = Callable[[str, Any], tuple[Any, str | None]]
+# -- checking a mapping against the launch-settings schema (config/launch_settings.py) ----------------------
+def _plugin_keys(section: str) -> list[str]:
+    """The keys a plugin section may hold besides the schema's: the plugin's fields and Accelerate's names."""
+    from overdrive import config as plugins
+
+    if section == "deepspeed_config":
+        from overdrive.config.deepspeed_json import CONFIG_KEYS
+
+        return [*CONFIG_KEYS, *plugins.field_names(plugins.DeepSpeedPlugin)]
+    return [*plugins.FSDP_CONFIG_KEYS, *plugins.field_names(plugins.FullyShardedDataParallelPlugin)]
 
 
-def _bool(key: str, value: Any) -> tuple[Any, str | None]:
-    if isinstance(value, bool):
-        return value, None
-    text = str(value).strip().lower()
-    if text in ("yes", "true", "1"):
-        return True, None
-    if text in ("no", "false", "0"):
-        return False, None
-    return value, f"{key}: {value!r} is not a boolean; use true or false"
-
-
-def _int(minimum: int | None = None, allow: tuple[Any, ...] = ()) -> Checker:
-    def check(key: str, value: Any) -> tuple[Any, str | None]:
-        if value in allow:
-            return value, None
-        try:
-            number = int(str(value).strip()) if not isinstance(value, bool) else None
-        except ValueError:
-            number = None
-        if number is None:
-            return value, f"{key}: {value!r} is not an integer"
-        if minimum is not None and number < minimum:
-            return value, f"{key}: {number} must be {minimum} or more"
-        return number, None
-    return check
-
-
-def _float(key: str, value: Any) -> tuple[Any, str | None]:
-    try:
-        return float(value), None
-    except (TypeError, ValueError):
-        return value, f"{key}: {value!r} is not a number"
-
-
-def _choice(choices: tuple[str, ...], upper: bool = False) -> Checker:
-    def check(key: str, value: Any) -> tuple[Any, str | None]:
-        text = str(value).strip()
-        text = text.upper() if upper else text.lower()
-        if text in choices:
-            return text, None
-        return value, invalid_choice(f"{key}: {value!r}", value, choices)
-    return check
-
-
-def _text(key: str, value: Any) -> tuple[Any, str | None]:
-    if value is None or isinstance(value, (str, int, float)):
-        return (None if value is None else str(value)), None
-    return value, f"{key}: {value!r} should be a string"
-
-
-def _gpu_ids(key: str, value: Any) -> tuple[Any, str | None]:
-    text = str(value).strip().replace(" ", "")
-    if text.lower() == "all" or all(part.isdigit() for part in text.split(",")):
-        return text.lower() if text.lower() == "all" else text, None
-    return value, f"{key}: {value!r} is not valid; give 'all' or a comma-separated list of device ids like '0,1'"
-
-
-def _anything(key: str, value: Any) -> tuple[Any, str | None]:
-    return value, None
-
-
-def _mapping(key: str, value: Any) -> tuple[Any, str | None]:
-    if value is None:
-        return {}, None
-    if isinstance(value, Mapping):
-        return dict(value), None
-    return value, f"{key}: {value!r} should be a mapping of keys to values"
-
-
-def _list(key: str, value: Any) -> tuple[Any, str | None]:
-    if value is None or isinstance(value, list):
-        return value, None
-    return value, f"{key}: {value!r} should be a list"
-
-
-DYNAMO_KEYS: dict[str, Checker] = {
-    "dynamo_backend": _choice(tuple(b.upper() for b in DYNAMO_BACKENDS), upper=True),
-    "dynamo_mode": _choice(DYNAMO_MODES),
-    "dynamo_use_fullgraph": _bool,
-    "dynamo_use_dynamic": _bool,
-    "dynamo_use_regional_compilation": _bool,
-}
-
-
-def _dynamo(key: str, value: Any) -> tuple[Any, str | None]:
-    value, problem = _mapping(key, value)
-    if problem:
-        return value, problem
-    problems = []
+def _check_section(section: str, value: dict[str, Any], keys: dict[str, Setting], problems: list[str]) -> None:
+    known = [k.split(".", 1)[1] for k in keys if k.startswith(section + ".")]
+    rule = SECTIONS.get(section, "open")
+    others = _plugin_keys(section) if rule == "plugin" else []
     for name, item in list(value.items()):
-        checker = DYNAMO_KEYS.get(name)
-        if checker is None:
-            problems.append(f"{key}: unknown key {name!r}{nearest(name, list(DYNAMO_KEYS))}")
-            continue
-        value[name], problem = checker(f"{key}.{name}", item)
-        if problem:
-            problems.append(problem)
-    return value, "; ".join(problems) or None
+        setting = keys.get(f"{section}.{name}")
+        if setting is not None:
+            value[name], problem = setting.check(f"{section}.{name}", item)
+            if problem:
+                problems.append(problem)
+        elif rule != "open" and name not in others:
+            problems.append(f"{section}: unknown key {name!r}{nearest(str(name), known + others)}")
 
-
-def _section(name: str) -> Checker:
-    """A plugin section (``deepspeed_config`` / ``fsdp_config``): a mapping of Accelerate's keys."""
-    def check(key: str, value: Any) -> tuple[Any, str | None]:
-        value, problem = _mapping(key, value)
-        if problem:
-            return value, problem
-        from overdrive import config as plugins
-
-        if name == "deepspeed_config":
-            from overdrive.config.deepspeed_json import CONFIG_KEYS
-
-            known = [*CONFIG_KEYS, *plugins.field_names(plugins.DeepSpeedPlugin)]
-        else:
-            known = [*plugins.FSDP_CONFIG_KEYS, *plugins.field_names(plugins.FullyShardedDataParallelPlugin)]
-        unknown = [f"{key}: unknown key {k!r}{nearest(str(k), list(known))}" for k in value if k not in known]
-        return value, "; ".join(unknown) or None
-    return check
-
-
-#: Every key Accelerate writes (local machine, TPU, SageMaker, plugin sections) and its checker.
-KEYS: dict[str, Checker] = {
-    "compute_environment": _choice(COMPUTE_ENVIRONMENTS, upper=True),
-    "distributed_type": _choice(DISTRIBUTED_TYPES, upper=True),
-    "mixed_precision": _choice(MIXED_PRECISION),
-    "use_cpu": _bool,
-    "debug": _bool,
-    "num_processes": _int(minimum=1, allow=(-1,)),
-    "num_machines": _int(minimum=1),
-    "machine_rank": _int(minimum=0),
-    "gpu_ids": _gpu_ids,
-    "main_process_ip": _text,
-    "main_process_port": _int(minimum=0, allow=(None,)),
-    "rdzv_backend": _choice(RDZV_BACKENDS),
-    "same_network": _bool,
-    "main_training_function": _text,
-    "enable_cpu_affinity": _bool,
-    "downcast_bf16": _bool,
-    "dynamo_config": _dynamo,
-    "deepspeed_config": _section("deepspeed_config"),
-    "fsdp_config": _section("fsdp_config"),
-    "megatron_lm_config": _mapping,
-    "ipex_config": _mapping,
-    "mpirun_config": _mapping,
-    "fp8_config": _mapping,
-    "parallelism_config": _mapping,
-    "tpu_name": _text,
-    "tpu_zone": _text,
-    "tpu_use_cluster": _bool,
-    "tpu_use_sudo": _bool,
-    "tpu_vm": _list,
-    "tpu_env": _list,
-    "command_file": _text,
-    "commands": _list,
-    "ec2_instance_type": _text,
-    "iam_role_name": _text,
-    "image_uri": _text,
-    "profile": _text,
-    "region": _text,
-    "base_job_name": _text,
-    "pytorch_version": _text,
-    "transformers_version": _text,
-    "py_version": _text,
-    "sagemaker_inputs_file": _text,
-    "sagemaker_metrics_file": _text,
-    "additional_args": _anything,
-    # overdrive's own keys: launch flags a file may also set
-    "gradient_accumulation_steps": _int(minimum=1),
-    "num_cpu_threads_per_process": _int(minimum=1),
-    "max_restarts": _int(minimum=0),
-    "rdzv_conf": _text,
-}
 
 #: Keys from older Accelerate versions, read and rewritten as today's keys.
 LEGACY_KEYS = ("fp16", "dynamo_backend")
@@ -234,7 +75,7 @@ def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
     config = dict(raw)
     if "fp16" in config:
         fp16 = config.pop("fp16")
-        config.setdefault("mixed_precision", "fp16" if _bool("fp16", fp16)[0] is True else "no")
+        config.setdefault("mixed_precision", "fp16" if Bool().check("fp16", fp16)[0] is True else "no")
     if "dynamo_backend" in config:
         backend = config.pop("dynamo_backend")
         dynamo = dict(config.get("dynamo_config") or {})
@@ -243,18 +84,23 @@ def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def validate_config(raw: Mapping[str, Any], path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Check every key and value of a config mapping; return it normalised or raise ``ConfigError``."""
+def validate_config(raw: Mapping[str, Any], path: str | os.PathLike | None = None,
+                    settings: Sequence[Setting] | None = None) -> dict[str, Any]:
+    """Check every key and value of a config mapping against the launch settings (``settings``); return it
+    normalised or raise ``ConfigError`` listing every problem."""
     config = _upgrade(dict(raw))
-    problems = []
+    keys = by_yaml_key(settings)
+    problems: list[str] = []
     for key in sorted(config, key=str):
-        checker = KEYS.get(str(key))
-        if checker is None:
-            problems.append(f"unknown key {key!r}{nearest(str(key), list(KEYS))}")
+        setting = keys.get(str(key))
+        if setting is None:
+            problems.append(f"unknown key {key!r}{nearest(str(key), [k for k in keys if '.' not in k])}")
             continue
-        config[key], problem = checker(str(key), config[key])
+        config[key], problem = setting.check(str(key), config[key])
         if problem:
             problems.append(problem)
+        elif str(key) in SECTIONS:
+            _check_section(str(key), config[key], keys, problems)
     if problems:
         raise ConfigError(path, problems)
     return config

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from overdrive.config.choices import invalid_choice
-from overdrive.launchers.config_file import MIXED_PRECISION, RDZV_BACKENDS
+from overdrive.config.launch_settings import MIXED_PRECISION, RDZV_BACKENDS
 from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, encode_launch_config
 from overdrive.launchers.torchrun import (
     LaunchError,

@@ -19,7 +19,7 @@ def launch_config() -> dict[str, Any]:
     """The settings ``overdrive launch`` resolved for this worker, over those of Accelerate's variables
     (``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_CPU``, ...: set by ``accelerate launch`` or by hand);
     empty when started another way."""
-    from overdrive.compat.accelerate_env import settings_from_environment
+    from overdrive.config.accelerate_env import settings_from_environment
 
     from_accelerate = settings_from_environment(os.environ)
     raw = os.environ.get(LAUNCH_CONFIG_VAR)

@@ -135,7 +135,7 @@ def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     env.update(plan.visible_devices)
     # what Accelerate's launcher exports, for libraries that read it themselves (transformers' TrainingArguments)
-    from overdrive.compat.accelerate_env import variables_for_workers
+    from overdrive.config.accelerate_env import variables_for_workers
 
     env.update(variables_for_workers(plan.worker_config))
     return env
