@@ -125,7 +125,7 @@ def run_row(layout: str, precision: str, tp: int, size: dict[str, int], steps: i
 
     from overdrive import Accelerator, AORecipeKwargs
     from overdrive.config import FullyShardedDataParallelPlugin, ParallelismConfig
-    from overdrive.monitor import estimate_flops_per_token, peak_flops_for
+    from overdrive.tracking.throughput import estimate_flops_per_token, peak_flops_for
 
     world = int(os.environ["WORLD_SIZE"])  # the Accelerator starts the process group
     kwargs: dict[str, Any] = {"cpu": cpu, "mixed_precision": precision}

@@ -1,9 +1,10 @@
-"""The package's layers: no module imports from a layer above its own, and no import cycle, counting the
-imports inside functions too (only ``if TYPE_CHECKING:`` blocks are left out: they never run).
+"""The package's layers, folder by folder: every folder (and module) at the package root sits in one layer,
+no module imports from a layer above its own, and there is no import cycle, neither between modules nor
+between folders, counting the imports inside functions too (only ``if TYPE_CHECKING:`` blocks are left out:
+they never run). There is no allow-list.
 
-To add a module: a file inside an existing package takes that package's layer (the longest matching
-prefix in ``LAYERS``); a new top-level module or package needs one entry below. ARCHITECTURE.md explains
-the layers.
+To add a module: a file inside a folder takes the folder's layer; a new folder or root module needs one
+entry below. ARCHITECTURE.md explains the layers.
 """
 
 from __future__ import annotations
@@ -13,37 +14,31 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-#: Lowest first. A module may import from its own layer and the layers below; the longest prefix decides
-#: a module's layer. Compat modules (Accelerate's dotted paths, re-exports only) sit on top.
+#: Lowest first: the folders and root modules of ``src/overdrive`` (folders only, never a module inside one).
+#: A module may import from its own layer and the layers below.
 LAYERS: list[tuple[str, ...]] = [
-    # 0 plain values and leaf helpers: import nothing above
-    ("overdrive.config", "overdrive._lazy", "overdrive._version", "overdrive.launchers.protocol",
-     "overdrive.config.accelerate_env"),
-    # 1 helpers over torch alone
-    # runtime.group (the one source of rank / world size) and the cluster detection it reads sit with the
-    # helpers that ask for the rank (ops, logging, set_seed): they import only torch.distributed and os
-    ("overdrive.ops", "overdrive.logging", "overdrive.utils.misc", "overdrive.utils.random",
-     "overdrive.runtime.group", "overdrive.runtime.cluster",
-     "overdrive.utils.memory", "overdrive.compat.imports", "overdrive.compat.environment"),
+    # 0 plain values: import nothing from the rest of overdrive
+    ("overdrive.config", "overdrive._lazy", "overdrive._version"),
+    # 1 where code runs: rank and world size (runtime/group.py, the one source), device, process group, mesh
     ("overdrive.runtime",),
+    # 2 helpers over torch and the runtime: collectives over nested structures, logging, seeds, memory, the
+    #   environment and availability helpers
+    ("overdrive.helpers", "overdrive.ops", "overdrive.logging"),
+    # 3 the launchers: torchrun hand-off, notebook, worker entry, the launch handoff protocol, config file
+    ("overdrive.launchers",),
     ("overdrive.precision",),
     ("overdrive.transforms",),
     ("overdrive.tracking",),
     ("overdrive.resolve",),
     ("overdrive.state", "overdrive.accumulation", "overdrive.prepared"),
-    ("overdrive.data", "overdrive.optimizer", "overdrive.scheduler", "overdrive.profiling"),
+    ("overdrive.data", "overdrive.optimizer", "overdrive.scheduler"),
     ("overdrive.strategies",),
     ("overdrive.checkpoint", "overdrive.big_model"),
-    ("overdrive.accelerator", "overdrive.accelerator_surface", "overdrive.accelerator_processes",
-     "overdrive.accelerator_collectives", "overdrive.accelerator_checkpoint", "overdrive.accelerator_tracking",
-     "overdrive.local_sgd"),
-    ("overdrive.launchers",),
+    ("overdrive.accelerator",),
     ("overdrive.cli",),
-    # compat: re-exports at Accelerate's dotted paths, the old paths of moved modules, the lazy public surface
-    ("overdrive", "overdrive.compat", "overdrive.utils", "overdrive.deepspeed", "overdrive.hooks",
-     "overdrive.big_modeling", "overdrive.inference", "overdrive.checkpointing", "overdrive.commands",
-     "overdrive.data_loader", "overdrive.parallelism_config", "overdrive.test_utils", "overdrive.monitor",
-     "overdrive.progress"),
+    # the public surface (the lazy root package) and compat: the alias, the one table of Accelerate's paths
+    # (served by compat/paths.py: no thin files), Accelerate-only helpers and refusals
+    ("overdrive", "overdrive.compat"),
 ]
 
 
@@ -57,16 +52,15 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted((SRC / "overdrive").rglob("*.py"))}
 
 
+def top_level(module: str) -> str:
+    """The root entry (folder or root module) ``module`` belongs to: ``overdrive.data.loader`` ->
+    ``overdrive.data``; the root package is ``overdrive``."""
+    return ".".join(module.split(".")[:2])
+
+
 def layer_of(module: str) -> int | None:
-    """The index in ``LAYERS`` of the longest prefix matching ``module`` (None: no entry)."""
-    best, best_len = None, -1
-    for index, prefixes in enumerate(LAYERS):
-        for prefix in prefixes:
-            # the root package matches itself only: a new top-level module needs its own entry
-            covers = module == prefix or (prefix != "overdrive" and module.startswith(prefix + "."))
-            if covers and len(prefix) > best_len:
-                best, best_len = index, len(prefix)
-    return best
+    """The index in ``LAYERS`` of ``module``'s root entry (None: no entry)."""
+    return next((index for index, entries in enumerate(LAYERS) if top_level(module) in entries), None)
 
 
 def _type_checking_only(node: ast.AST) -> bool:
@@ -116,12 +110,17 @@ def imports_of(module: str) -> set[tuple[str, int]]:
 GRAPH = {module: imports_of(module) for module in MODULES}
 
 
-def test_every_module_has_a_layer() -> None:
-    missing = [m for m in MODULES if layer_of(m) is None]
-    assert not missing, f"modules without a layer: {missing}; add them to LAYERS in {__file__}"
+#: the root entries (folders and root modules) and the imports between them, each with the lines behind it
+ROOT_ENTRIES = sorted({top_level(module) for module in MODULES})
+FOLDER_GRAPH: dict[str, set[tuple[str, int]]] = {entry: set() for entry in ROOT_ENTRIES}
+for _module, _targets in GRAPH.items():
+    for _target, _line in _targets:
+        if top_level(_target) != top_level(_module):
+            FOLDER_GRAPH[top_level(_module)].add((top_level(_target), _line))
 
 
-def test_no_upward_imports() -> None:
+def upward_imports() -> list[str]:
+    """Every import from a module to one in a higher layer."""
     upward = []
     for module, targets in GRAPH.items():
         for target, line in sorted(targets):
@@ -129,11 +128,28 @@ def test_no_upward_imports() -> None:
             if low is not None and high is not None and high > low:
                 upward.append(f"{module}:{line} imports {target} (layer {high} {LAYERS[high][0]} is above "
                               f"layer {low} {LAYERS[low][0]})")
+    return upward
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted({top_level(m) for m in MODULES if layer_of(m) is None})
+    assert not missing, f"root entries without a layer: {missing}; add them to LAYERS in {__file__}"
+
+
+def test_the_layers_list_root_entries_that_exist() -> None:
+    """The table names folders and root modules only, each once, and each exists."""
+    listed = [entry for entries in LAYERS for entry in entries]
+    assert len(listed) == len(set(listed))
+    assert not [e for e in listed if top_level(e) != e or e not in ROOT_ENTRIES]
+
+
+def test_no_upward_imports() -> None:
+    upward = upward_imports()
     assert not upward, "imports that run upward:\n  " + "\n  ".join(upward)
 
 
-def _cycles() -> list[list[str]]:
-    """Every strongly connected group of more than one module (Tarjan), each a cycle or a knot of them."""
+def _cycles(graph: dict[str, set[tuple[str, int]]]) -> list[list[str]]:
+    """Every strongly connected group of more than one node (Tarjan), each a cycle or a knot of them."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -144,7 +160,7 @@ def _cycles() -> list[list[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for target, _ in GRAPH[node]:
+        for target, _ in graph[node]:
             if target not in index:
                 visit(target)
                 low[node] = min(low[node], low[target])
@@ -161,9 +177,9 @@ def _cycles() -> list[list[str]]:
             if len(group) > 1:
                 groups.append(sorted(group))
 
-    for module in GRAPH:
-        if module not in index:
-            visit(module)
+    for node in graph:
+        if node not in index:
+            visit(node)
     return groups
 
 
@@ -175,12 +191,33 @@ def _is_package_init(module: str, target: str) -> bool:
 
 def test_no_import_cycles() -> None:
     cycles = []
-    for group in _cycles():
+    for group in _cycles(GRAPH):
         members = set(group)
         edges = [f"{m}:{line} -> {t}" for m in group for t, line in sorted(GRAPH[m])
                  if t in members and not _is_package_init(m, t)]
         cycles.append(", ".join(group) + "\n      " + "\n      ".join(edges))
     assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
+
+
+def test_no_cycles_between_folders() -> None:
+    """Folder A imports folder B and B imports A (through any modules): the two cannot be read apart."""
+    cycles = []
+    for group in _cycles(FOLDER_GRAPH):
+        members = set(group)
+        edges = [f"{m}:{line} -> {t}" for m in GRAPH for t, line in sorted(GRAPH[m])
+                 if top_level(m) in members and top_level(t) in members and top_level(t) != top_level(m)]
+        cycles.append(", ".join(group) + "\n      " + "\n      ".join(edges))
+    assert not cycles, "cycles between folders:\n  " + "\n  ".join(cycles)
+
+
+def counts() -> dict[str, int]:
+    """The figures issue 23 tracks: root entries, folder pairs with an upward import, folder cycles."""
+    upward_pairs = {(top_level(m), top_level(t)) for m, targets in GRAPH.items() for t, _ in targets
+                    if top_level(m) != top_level(t) and (layer_of(t) or 0) > (layer_of(m) or 0)}
+    return {"root entries": len(list((SRC / "overdrive").glob("[!_]*"))) + len(list((SRC / "overdrive").glob("_*.py"))),
+            "upward imports (module lines)": len(upward_imports()),
+            "upward imports (folder pairs)": len(upward_pairs),
+            "folder cycles": len(_cycles(FOLDER_GRAPH))}
 
 
 def test_importing_data_does_not_load_the_resolver() -> None:
@@ -229,3 +266,8 @@ def test_the_rank_check_sees_each_spelling() -> None:
     calls = ["dist.get_rank()", "torch.distributed.get_world_size(group)", "get_rank()"]
     assert all(_asks_torch_for_rank(ast.parse(code).body[0].value) for code in calls)  # type: ignore[attr-defined]
     assert not _asks_torch_for_rank(ast.parse("mesh.get_rank()").body[0].value)  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":  # python tests/test_layering.py: the counts
+    for key, value in counts().items():
+        print(f"{key}: {value}")

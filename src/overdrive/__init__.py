@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING
 
 from overdrive._lazy import lazy_exports
 from overdrive._version import __version__
+from overdrive.compat.paths import install_served_paths
+
+# Accelerate's dotted paths (overdrive.utils, overdrive.hooks, ...) come from the compat table, not from files
+install_served_paths()
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -40,29 +44,29 @@ _EXPORTS = {
     "TorchTensorParallelPlugin": "overdrive.config",
     "TorchDynamoPlugin": "overdrive.config",
     "ActivationCheckpointingKwargs": "overdrive.config",
-    "LocalSGD": "overdrive.local_sgd",
+    "LocalSGD": "overdrive.accelerator.local_sgd",
     "skip_first_batches": "overdrive.data",
     "prepare_data_loader": "overdrive.data",
-    "find_executable_batch_size": "overdrive.utils.memory",
-    "release_memory": "overdrive.utils.memory",
-    "set_seed": "overdrive.utils.random",
-    "synchronize_rng_states": "overdrive.utils.random",
+    "find_executable_batch_size": "overdrive.helpers.memory",
+    "release_memory": "overdrive.helpers.memory",
+    "set_seed": "overdrive.helpers.random",
+    "synchronize_rng_states": "overdrive.helpers.random",
     "get_logger": "overdrive.logging",
     "notebook_launcher": "overdrive.launchers.notebook",
     "debug_launcher": "overdrive.launchers.notebook",
     # big-model inference (Accelerate's top-level names)
-    "init_empty_weights": "overdrive.big_modeling",
-    "init_on_device": "overdrive.big_modeling",
-    "cpu_offload": "overdrive.big_modeling",
-    "cpu_offload_with_hook": "overdrive.big_modeling",
-    "disk_offload": "overdrive.big_modeling",
-    "dispatch_model": "overdrive.big_modeling",
-    "load_checkpoint_and_dispatch": "overdrive.big_modeling",
-    "load_checkpoint_in_model": "overdrive.big_modeling",
-    "infer_auto_device_map": "overdrive.big_modeling",
+    "init_empty_weights": "overdrive.big_model.init",
+    "init_on_device": "overdrive.big_model.init",
+    "cpu_offload": "overdrive.big_model.dispatch",
+    "cpu_offload_with_hook": "overdrive.big_model.dispatch",
+    "disk_offload": "overdrive.big_model.dispatch",
+    "dispatch_model": "overdrive.big_model.dispatch",
+    "load_checkpoint_and_dispatch": "overdrive.big_model.loading",
+    "load_checkpoint_in_model": "overdrive.big_model.loading",
+    "infer_auto_device_map": "overdrive.big_model.planning",
     "install_as_accelerate": "overdrive.compat.alias",
     "uninstall_as_accelerate": "overdrive.compat.alias",
-    "prepare_pippy": "overdrive.inference",
+    "prepare_pippy": "overdrive.big_model.pippy",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -85,17 +89,12 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from overdrive.accelerator import Accelerator
-    from overdrive.big_modeling import (
-        cpu_offload,
-        cpu_offload_with_hook,
-        disk_offload,
-        dispatch_model,
-        infer_auto_device_map,
-        init_empty_weights,
-        init_on_device,
-        load_checkpoint_and_dispatch,
-        load_checkpoint_in_model,
-    )
+    from overdrive.accelerator.local_sgd import LocalSGD
+    from overdrive.big_model.dispatch import cpu_offload, cpu_offload_with_hook, disk_offload, dispatch_model
+    from overdrive.big_model.init import init_empty_weights, init_on_device
+    from overdrive.big_model.loading import load_checkpoint_and_dispatch, load_checkpoint_in_model
+    from overdrive.big_model.pippy import prepare_pippy
+    from overdrive.big_model.planning import infer_auto_device_map
     from overdrive.compat.alias import install_as_accelerate, uninstall_as_accelerate
     from overdrive.config import (
         ActivationCheckpointingKwargs,
@@ -120,10 +119,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TorchTensorParallelPlugin,
     )
     from overdrive.data import prepare_data_loader, skip_first_batches
-    from overdrive.inference import prepare_pippy
+    from overdrive.helpers.memory import find_executable_batch_size, release_memory
+    from overdrive.helpers.random import set_seed, synchronize_rng_states
     from overdrive.launchers.notebook import debug_launcher, notebook_launcher
-    from overdrive.local_sgd import LocalSGD
     from overdrive.logging import get_logger
     from overdrive.state import AcceleratorState, GradientState, PartialState
-    from overdrive.utils.memory import find_executable_batch_size, release_memory
-    from overdrive.utils.random import set_seed, synchronize_rng_states

@@ -32,7 +32,7 @@ def test_every_table_module_is_the_overdrive_module_of_the_same_path():
     out = result_of("""
         import importlib, importlib.metadata as md, importlib.util, json, sys
         import overdrive
-        from overdrive.compat.table import MODULES, ACCELERATE_VERSION
+        from overdrive.compat.table import MODULES, ACCELERATE_VERSION, SAME_MODULE
         overdrive.install_as_accelerate()
         overdrive.install_as_accelerate()  # twice is harmless
         same, missing = [], []
@@ -42,7 +42,7 @@ def test_every_table_module_is_the_overdrive_module_of_the_same_path():
                 continue
             module = importlib.import_module(accelerate_path)
             same.append(module is importlib.import_module(overdrive_path)
-                        and module.__spec__.name == overdrive_path)
+                        and module.__spec__.name == SAME_MODULE.get(overdrive_path, overdrive_path))
         from accelerate.utils import DistributedType
         from overdrive.config import DistributedType as Own
         import accelerate.utils.dataclasses as dataclasses

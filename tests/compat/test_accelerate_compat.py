@@ -23,9 +23,22 @@ def _script(name: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=240, cwd=ROOT)
 
 
-def test_thin_modules_are_generated_from_the_table():
-    proc = _script("accelerate_compat_modules.py", "--check")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_accelerate_paths_are_served_from_the_table_not_files():
+    """Every path of the table imports, no file stands at one, and a same-module path is that module."""
+    from overdrive.compat.paths import SERVED_ROOTS, served_paths
+    from overdrive.compat.table import SAME_MODULE
+
+    assert SERVED_ROOTS == {path.split(".")[1] for path in served_paths()}
+    src = ROOT / "src"
+    on_disk = [p for p in served_paths()
+               if (src / (p.replace(".", "/") + ".py")).exists() or (src / p.replace(".", "/")).is_dir()]
+    assert not on_disk, f"files at served paths (the table serves them): {on_disk}"
+    for path in served_paths():
+        module = importlib.import_module(path)
+        if path in SAME_MODULE:
+            assert module is importlib.import_module(SAME_MODULE[path])
+        else:
+            assert sorted(module.__all__) == sorted(NAMES[path]) == sorted(dir(module))
 
 
 @pytest.mark.requires("accelerate")
@@ -70,7 +83,7 @@ def test_refused_names_import_and_raise_naming_the_feature_and_the_alternative()
 @pytest.mark.requires("accelerate")
 def test_availability_helpers_answer_as_accelerate_does():
     code = (
-        "import json, accelerate.utils as A, overdrive.compat.imports as O\n"
+        "import json, accelerate.utils as A, overdrive.helpers.imports as O\n"
         "from overdrive.compat.table import NAMES\n"
         "out = {}\n"
         "for n in NAMES['overdrive.utils.imports']:\n"

@@ -1,11 +1,11 @@
-"""The ``is_*_available`` checks that compat/imports.py makes with ``globals().update`` are declared for type
-checkers too (its ``if TYPE_CHECKING:`` block), so ``from overdrive.compat.imports import is_x_available``
+"""The ``is_*_available`` checks that helpers/imports.py makes with ``globals().update`` are declared for type
+checkers too (its ``if TYPE_CHECKING:`` block), so ``from overdrive.helpers.imports import is_x_available``
 type-checks in overdrive and in user code."""
 
 import ast
 import inspect
 
-from overdrive.compat import imports
+from overdrive.helpers import imports
 
 
 def test_every_generated_check_is_declared_for_type_checkers():

@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from overdrive import DataLoaderConfiguration, skip_first_batches
-from overdrive.compat.imports import is_torchdata_stateful_dataloader_available
 from overdrive.data import prepare_data_loader
+from overdrive.helpers.imports import is_torchdata_stateful_dataloader_available
 
 
 def test_skip_first_batches_length_is_what_remains():

@@ -15,7 +15,7 @@ _SCRIPT = """
 import json, os, sys
 import torch
 from overdrive.runtime import group
-from overdrive.utils.random import set_seed
+from overdrive.helpers.random import set_seed
 out = {}
 for name, env in json.loads(sys.argv[1]).items():
     for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",

@@ -1,4 +1,4 @@
-"""overdrive.utils.random, overdrive.utils.memory and overdrive.logging, on one process and on gloo."""
+"""overdrive.helpers.random, overdrive.helpers.memory and overdrive.logging, on one process and on gloo."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from overdrive.logging import MultiProcessAdapter, get_logger
-from overdrive.utils.memory import (
+from overdrive.helpers.memory import (
     clear_device_cache,
     find_executable_batch_size,
     release_memory,
     should_reduce_batch_size,
 )
-from overdrive.utils.random import set_seed, synchronize_rng_state, synchronize_rng_states
+from overdrive.helpers.random import set_seed, synchronize_rng_state, synchronize_rng_states
 from tests.support.distributed import run_distributed
 
 # ---------------------------------------------------------------------------------------------- memory

@@ -17,7 +17,7 @@ def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module
                        enabled: bool = True) -> contextlib.AbstractContextManager:
     """DeepSpeed ZeRO-3's ``GatheredParameters`` when DeepSpeed is installed and a ZeRO-3 run is on;
     a no-op block otherwise (the parameters are whole already)."""
-    from overdrive.compat.imports import is_deepspeed_available
+    from overdrive.helpers.imports import is_deepspeed_available
 
     if enabled and is_deepspeed_available():
         import deepspeed

@@ -191,7 +191,7 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
 
 def is_peft_model(model: Any) -> bool:
     """Whether ``model`` is a PEFT model (PEFT installed and the model a ``PeftModel``)."""
-    from overdrive.compat.imports import is_peft_available
+    from overdrive.helpers.imports import is_peft_available
 
     if not is_peft_available():
         return False

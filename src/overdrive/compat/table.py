@@ -25,13 +25,19 @@ _THIN = ("data_loader", "checkpointing", "parallelism_config", "utils.dataclasse
          "commands.config.default", "commands.launch", "commands.env", "commands.test", "commands.estimate",
          "commands.to_fsdp2", "commands.tpu", "test_utils", "test_utils.testing", "test_utils.training")
 #: modules overdrive has in its own layout at Accelerate's path
-_OWN = ("accelerator", "state", "logging", "tracking", "optimizer", "scheduler", "launchers", "local_sgd",
-        "utils", "utils.memory", "utils.random")
+_OWN = ("accelerator", "state", "logging", "tracking", "optimizer", "scheduler", "launchers")
+#: Accelerate paths whose module overdrive keeps elsewhere: served as that very module (the same object)
+SAME_MODULE: dict[str, str] = {
+    "overdrive.local_sgd": "overdrive.accelerator.local_sgd",
+    "overdrive.utils.memory": "overdrive.helpers.memory",
+    "overdrive.utils.random": "overdrive.helpers.random",
+}
 #: the big-model compat modules (built by the big-model work, issue 13)
 BIG_MODEL = ("hooks", "big_modeling", "inference", "utils.modeling", "utils.offload")
 
 MODULES: dict[str, str] = {"accelerate": "overdrive"} | {
-    f"accelerate.{path}": f"overdrive.{path}" for path in (*_OWN, *_THIN, *BIG_MODEL)}
+    f"accelerate.{path}": f"overdrive.{path}" for path in (*_OWN, *_THIN, *BIG_MODEL, "local_sgd", "utils",
+                                                             "utils.memory", "utils.random")}
 
 #: Accelerate modules with no counterpart, and why
 ABSENT_MODULES: dict[str, str] = {
@@ -56,8 +62,8 @@ def _names(source: str, text: str) -> dict[str, str]:
     return dict.fromkeys(text.split(), source)
 
 
-_C, _OPS, _REF, _IMP = "overdrive.config", "overdrive.ops", "overdrive.compat.refusals", "overdrive.compat.imports"
-_OTHER, _ENV, _K = "overdrive.compat.other", "overdrive.compat.environment", "overdrive.compat.constants"
+_C, _OPS, _REF, _IMP = "overdrive.config", "overdrive.ops", "overdrive.compat.refusals", "overdrive.helpers.imports"
+_OTHER, _ENV, _K = "overdrive.compat.other", "overdrive.helpers.environment", "overdrive.compat.constants"
 _CLI, _CMD = "overdrive.compat.cli_launch", "overdrive.compat.cli_commands"
 _IS_AVAILABLE = (
     "is_4bit_bnb_available is_8bit_bnb_available is_aim_available is_amdsmi_available is_bf16_available "
@@ -131,7 +137,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names(_OTHER, "check_os_kernel clean_state_dict_for_safetensors convert_bytes get_module_children_bottom_up "
                          "get_pretty_name has_compiled_regions is_compiled_module is_port_in_use load merge_dicts "
                          "model_has_dtensor recursive_getattr save get_model_tp_size get_free_port"),
-        **_names("overdrive.utils.misc", "extract_model_from_parallel wait_for_everyone"),
+        **_names("overdrive.helpers.misc", "extract_model_from_parallel wait_for_everyone"),
         **_names("overdrive.compat.regions", "compile_regions compile_regions_deepspeed compile_regions_fsdp2 "
                                              "has_repeated_blocks is_repeated_blocks"),
     },
@@ -141,7 +147,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                        "clear_environment convert_dict_to_env_variables get_cpu_distributed_information "
                        "get_current_device_type get_gpu_info get_int_from_env parse_choice_from_env "
                        "parse_flag_from_env purge_accelerate_environment set_numa_affinity str_to_bool"),
-        **_names("overdrive.utils.misc", "patch_environment"),
+        **_names("overdrive.helpers.misc", "patch_environment"),
     },
     "overdrive.utils.launch": {
         **_names(_REF, "PrepareForLaunch prepare_deepspeed_cmd_env prepare_sagemager_args_inputs prepare_tpu"),
@@ -161,27 +167,66 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     "overdrive.utils.torch_xla": _names(_REF, "install_xla"),
 }
 
-# big-model names of accelerate.utils, defined by the big-model compat modules
-_BIG_MODEL_UTILS = {
-    **_names("overdrive.utils.modeling",
-             "align_module_device calculate_maximum_sizes check_device_map check_tied_parameters_in_config "
-             "check_tied_parameters_on_same_device compute_module_sizes convert_file_size_to_int dtype_byte_size "
-             "find_tied_parameters get_balanced_memory get_max_layer_size get_max_memory "
-             "clean_device_map compute_module_total_buffer_size get_module_size_with_ties get_non_persistent_buffers "
-             "has_offloaded_params id_tensor_storage infer_auto_device_map "
-             "load_checkpoint_in_model load_offloaded_weights load_state_dict named_module_tensors retie_parameters "
-             "set_module_tensor_to_device"),
-    **_names("overdrive.utils.offload", "OffloadedWeightsLoader PrefixedDataset extract_submodules_state_dict "
-                                        "load_offloaded_weight offload_state_dict offload_weight save_offload_index"),
+_BM = "overdrive.big_model"
+# big-model names (accelerate.utils.modeling / offload, accelerate.hooks, accelerate.big_modeling)
+_MODELING = {
+    **_names(f"{_BM}.checkpoint_files", "load_state_dict"),
+    **_names(f"{_BM}.hooks", "align_module_device has_offloaded_params"),
+    **_names(f"{_BM}.loading", "load_checkpoint_in_model"),
+    **_names(f"{_BM}.offload", "load_offloaded_weights"),
+    **_names(f"{_BM}.planning", "check_device_map clean_device_map fallback_allocate get_balanced_memory "
+                                "infer_auto_device_map"),
+    **_names(f"{_BM}.sizes", "calculate_maximum_sizes check_device_same check_tied_parameters_in_config "
+                             "check_tied_parameters_on_same_device compute_module_sizes "
+                             "compute_module_total_buffer_size convert_file_size_to_int dtype_byte_size "
+                             "find_tied_parameters get_max_layer_size get_max_memory get_module_leaves "
+                             "get_module_size_with_ties get_non_persistent_buffers id_tensor_storage "
+                             "named_module_tensors retie_parameters"),
+    **_names(f"{_BM}.state_dicts", "get_state_dict_from_offload get_state_dict_offloaded_model"),
+    **_names(f"{_BM}.tensors", "set_module_tensor_to_device"),
+    **_names(_OTHER, "get_grad_scaler get_mixed_precision_context_manager is_peft_model"),
 }
+_OFFLOAD = _names(f"{_BM}.offload", "OffloadedWeightsLoader PrefixedDataset extract_submodules_state_dict "
+                                    "load_offloaded_weight load_offloaded_weights offload_state_dict offload_weight "
+                                    "save_offload_index")
+_HOOKS = {
+    **_names(f"{_BM}.attach", "attach_align_device_hook attach_align_device_hook_on_blocks "
+                              "attach_execution_device_hook"),
+    **_names(f"{_BM}.casting", "LayerwiseCastingHook"),
+    **_names(f"{_BM}.hooks", "AlignDevicesHook CpuOffload ModelHook SequentialHook UserCpuOffloadHook "
+                             "add_hook_to_module remove_hook_from_module remove_hook_from_submodules"),
+}
+_BIG_MODELING = {
+    **_names(f"{_BM}.casting", "attach_layerwise_casting_hooks"),
+    **_names(f"{_BM}.dispatch", "cpu_offload cpu_offload_with_hook disk_offload dispatch_model"),
+    **_names(f"{_BM}.init", "init_empty_weights init_on_device"),
+    **_names(f"{_BM}.loading", "load_checkpoint_and_dispatch load_checkpoint_in_model"),
+    **_names(f"{_BM}.planning", "check_device_map get_balanced_memory infer_auto_device_map"),
+    **_names(f"{_BM}.sizes", "find_tied_parameters get_max_memory retie_parameters"),
+    **_names(f"{_BM}.tensors", "set_module_tensor_to_device"),
+    **_names(_OTHER, "_refuse_recurrent_layers_under_sequence_parallelism"),
+}
+_INFERENCE = {**_names(f"{_BM}.pippy", "prepare_pippy find_pippy_batch_size generate_device_map"),
+              **_names(_REF, "build_pipeline pippy_forward")}
+# the big-model names of accelerate.utils
+_BIG_MODEL_UTILS = {name: _MODELING[name] for name in (
+    "align_module_device calculate_maximum_sizes check_device_map check_tied_parameters_in_config "
+    "check_tied_parameters_on_same_device compute_module_sizes convert_file_size_to_int dtype_byte_size "
+    "find_tied_parameters get_balanced_memory get_max_layer_size get_max_memory "
+    "clean_device_map compute_module_total_buffer_size get_module_size_with_ties get_non_persistent_buffers "
+    "has_offloaded_params id_tensor_storage infer_auto_device_map "
+    "load_checkpoint_in_model load_offloaded_weights load_state_dict named_module_tensors retie_parameters "
+    "set_module_tensor_to_device").split()} | {name: _OFFLOAD[name] for name in (
+    "OffloadedWeightsLoader PrefixedDataset extract_submodules_state_dict load_offloaded_weight offload_state_dict "
+    "offload_weight save_offload_index").split()}
 
 _UTILS: dict[str, str] = {
     name: source for module in _UTILS_MODULES.values() for name, source in module.items()} | _BIG_MODEL_UTILS | {
     **_names(_C, "ParallelismConfig"),
-    **_names("overdrive.utils.memory", "find_executable_batch_size release_memory clear_device_cache "
+    **_names("overdrive.helpers.memory", "find_executable_batch_size release_memory clear_device_cache "
                                        "should_reduce_batch_size"),
-    **_names("overdrive.utils.random", "set_seed synchronize_rng_state synchronize_rng_states"),
-    **_names("overdrive.utils.misc", "tqdm is_package_available"),
+    **_names("overdrive.helpers.random", "set_seed synchronize_rng_state synchronize_rng_states"),
+    **_names("overdrive.helpers.misc", "tqdm is_package_available"),
     **_names(_OTHER, "write_basic_config is_peft_model get_grad_scaler get_mixed_precision_context_manager"),
     **_names("overdrive.data", "skip_first_batches"),
 }
@@ -191,10 +236,15 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.utils": _UTILS,
     # (the big-model names are in overdrive/__init__.py's own list)
     "overdrive": {
-        **_names("overdrive.inference", "prepare_pippy"),
+        **_names(f"{_BM}.pippy", "prepare_pippy"),
         **_names(_IMP, "is_rich_available"),
         **_names("overdrive.compat.alias", "install_as_accelerate uninstall_as_accelerate"),
     },
+    "overdrive.hooks": _HOOKS,
+    "overdrive.big_modeling": _BIG_MODELING,
+    "overdrive.inference": _INFERENCE,
+    "overdrive.utils.modeling": _MODELING,
+    "overdrive.utils.offload": _OFFLOAD,
     "overdrive.data_loader": _names("overdrive.data", "BatchSamplerShard DataLoaderDispatcher DataLoaderShard "
                                     "DataLoaderStateMixin IterableDatasetShard SeedableRandomSampler SkipBatchSampler "
                                     "SkipDataLoader get_sampler prepare_data_loader skip_first_batches"),

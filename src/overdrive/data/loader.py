@@ -325,7 +325,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def _synchronize_rngs(self) -> None:
         if not self.rng_types or not _distributed():
             return
-        from overdrive.utils.random import synchronize_rng_states
+        from overdrive.helpers.random import synchronize_rng_states
 
         # "generator" means the shuffling sampler's generator; without one there is nothing to sync.
         generator = self.synchronized_generator

@@ -222,7 +222,7 @@ def _check_dataloader(config: DataLoaderConfiguration | None, errors: list[str])
         return
     if config.exact_resume:
         errors.append(_BOTH_RESUMES)
-    from overdrive.compat.imports import is_torchdata_stateful_dataloader_available
+    from overdrive.helpers.imports import is_torchdata_stateful_dataloader_available
 
     if not is_torchdata_stateful_dataloader_available():
         errors.append("DataLoaderConfiguration(use_stateful_dataloader=True) needs torchdata's StatefulDataLoader: "

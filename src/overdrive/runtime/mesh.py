@@ -13,8 +13,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 #: mesh axes, outermost first
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 #: flattened axes: name -> the axes it joins
@@ -192,19 +190,6 @@ class ParallelMesh:
         parallel peers hold identical outputs: only the first of them contributes; of a pipeline, only the
         rank holding the last stage has outputs)."""
         return self.rank("tp") == 0 and self.rank("pp") == self.output_pp_rank
-
-    def keep_own_share(self, data: Any) -> Any:
-        """``data`` on processes that own their group's output; on their peers, empty slices of its tensors
-        (or an empty list for other objects, which ``gather_object`` then skips)."""
-        if self.owns_output():
-            return data
-        from overdrive.ops import recursively_apply
-
-        leaves: list[Any] = []
-        recursively_apply(leaves.append, data, test_type=lambda x: True)
-        if not leaves or not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
-            return []
-        return recursively_apply(lambda t: (t.reshape(1) if t.ndim == 0 else t)[:0], data)
 
     def __repr__(self) -> str:
         return f"ParallelMesh({self.dims.describe()}, device_type={self.device_type!r})"

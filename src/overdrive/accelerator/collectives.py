@@ -36,12 +36,12 @@ class CollectiveVerbs:
         """Every process's tensors (nested structures too), concatenated along dim 0 in rank order.
 
         Tensor-parallel peers hold the same outputs: one of each group contributes."""
-        return ops.gather(self.mesh.keep_own_share(tensor))
+        return ops.gather(_own_share(self.mesh, tensor))
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, minus the samples repeated to fill the last batch: over an epoch the results are
         exactly the dataset's samples, in order, at any world size."""
-        input_data = self.mesh.keep_own_share(input_data)
+        input_data = _own_share(self.mesh, input_data)
         all_tensors = _all_tensors(input_data)
         if use_gather_object or not all_tensors:
             data = ops.gather_object(input_data)
@@ -108,3 +108,13 @@ def _all_tensors(data: Any) -> bool:
     leaves: list[Any] = []
     ops.recursively_apply(leaves.append, data, test_type=lambda x: True)
     return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
+
+
+def _own_share(mesh: ParallelMesh, data: Any) -> Any:
+    """``data`` on processes that own their group's output (``mesh.owns_output()``); on their peers, empty
+    slices of its tensors (or an empty list for other objects, which ``gather_object`` then skips)."""
+    if mesh.owns_output():
+        return data
+    if not _all_tensors(data):
+        return []
+    return ops.recursively_apply(lambda t: (t.reshape(1) if t.ndim == 0 else t)[:0], data)

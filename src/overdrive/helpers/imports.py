@@ -100,7 +100,7 @@ if TYPE_CHECKING:  # the checks made by globals().update above, named for type c
 
 def is_rich_available() -> bool:
     """Whether rich is installed and its tracebacks are asked for (ACCELERATE_ENABLE_RICH, as in Accelerate)."""
-    from overdrive.compat.environment import parse_flag_from_env
+    from overdrive.helpers.environment import parse_flag_from_env
 
     return _has("rich") and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
 

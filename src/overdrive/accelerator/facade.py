@@ -2,10 +2,10 @@
 
 Every method is short and calls into the objects the plan chose; none asks which strategy is in use.
 This module holds construction, ``prepare``, the training step, profiling and memory; the class inherits
-the rest, one module per concern: ``accelerator_processes`` (device, ranks, mesh axes, process control),
-``accelerator_collectives`` (gather, reduce, triggers), ``accelerator_checkpoint`` (``save_state``,
-``load_state``, ``save_model``, ...), ``accelerator_tracking`` (``init_trackers``, ``log``, ``end_training``)
-and ``accelerator_surface`` (Accelerate's attribute names).
+the rest, one module per concern: ``processes`` (device, ranks, mesh axes, process control),
+``collectives`` (gather, reduce, triggers), ``checkpoint`` (``save_state``,
+``load_state``, ``save_model``, ...), ``tracking`` (``init_trackers``, ``log``, ``end_training``)
+and ``surface`` (Accelerate's attribute names).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from overdrive.accelerator_checkpoint import CheckpointVerbs
-from overdrive.accelerator_collectives import CollectiveVerbs
-from overdrive.accelerator_processes import ProcessSurface
-from overdrive.accelerator_surface import AccelerateSurface
-from overdrive.accelerator_tracking import TrackingVerbs
+from overdrive.accelerator.checkpoint import CheckpointVerbs
+from overdrive.accelerator.collectives import CollectiveVerbs
+from overdrive.accelerator.processes import ProcessSurface
+from overdrive.accelerator.surface import AccelerateSurface
+from overdrive.accelerator.tracking import TrackingVerbs
 from overdrive.accumulation import NO_CONTEXT, AccumulationWindow
 from overdrive.config import (  # GradientAccumulationPlugin: also a name of accelerate.accelerator
     DataLoaderConfiguration,
@@ -32,6 +32,7 @@ from overdrive.config import (  # GradientAccumulationPlugin: also a name of acc
     ProfileKwargs,
     ProjectConfiguration,
 )
+from overdrive.helpers.misc import _compiled_inner, _recompiled, extract_model_from_parallel
 from overdrive.optimizer import AcceleratedOptimizer
 from overdrive.precision.amp import AmpPrecision
 from overdrive.prepared import PreparedObjects
@@ -42,7 +43,6 @@ from overdrive.state import AcceleratorState, GradientState
 from overdrive.strategies import Strategy, create_strategy
 from overdrive.strategies.base import LocalGradients, StrategyContext
 from overdrive.transforms.hooks import HookRegistry
-from overdrive.utils.misc import _compiled_inner, _recompiled, extract_model_from_parallel
 
 if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with the Accelerator
     from overdrive.config import (
@@ -380,7 +380,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
         """``torch.profiler.profile`` with the handler's options; with ``output_trace_dir`` each process
         writes its Chrome trace there as ``trace_rank_<index>.json``."""
-        from overdrive.profiling import build_profiler
+        from overdrive.accelerator.profiling import build_profiler
 
         handler = profile_handler or self.plan.profile or ProfileKwargs()
         with build_profiler(handler, self.device, self.process_index) as profiler:
@@ -388,7 +388,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
 
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop the references this Accelerator holds (and ``objects``) and empty the device cache."""
-        from overdrive.utils.memory import release_memory
+        from overdrive.helpers.memory import release_memory
 
         self.hooks.clear()
         self.prepared.clear()
