@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from overdrive.logging import MultiProcessAdapter, get_logger
 from overdrive.helpers.memory import (
     clear_device_cache,
     find_executable_batch_size,
@@ -17,6 +16,7 @@ from overdrive.helpers.memory import (
     should_reduce_batch_size,
 )
 from overdrive.helpers.random import set_seed, synchronize_rng_state, synchronize_rng_states
+from overdrive.logging import MultiProcessAdapter, get_logger
 from tests.support.distributed import run_distributed
 
 # ---------------------------------------------------------------------------------------------- memory
