@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +83,37 @@ def test_no_message_in_the_package_uses_another_format_for_choices():
            for number, line in enumerate(path.read_text().splitlines(), 1)
            if "choose one of" in line or "is not one of" in line]
     assert old == [], "use overdrive.config.choices.invalid_choice: " + ", ".join(old)
+
+
+@pytest.mark.parametrize("script, script_args, message", [
+    ("print('WORKER STARTED')\n", ["--log_with", "wandb"], "the 'wandb' tracker (script argument --log_with wandb)"),
+    ("print('WORKER STARTED')\n", ["--report_to=tensorboard,wandb"], "the 'wandb' tracker (script argument"),
+    ("from overdrive import Accelerator\nprint('WORKER STARTED')\nAccelerator(log_with=['csv', 'wandb'])\n", [],
+     "the 'wandb' tracker (log_with='wandb' in train.py line 3)"),
+])
+def test_a_missing_tracker_package_is_refused_before_any_worker_starts(tmp_path, script, script_args, message):
+    (tmp_path / "train.py").write_text(script)
+    result = subprocess.run([sys.executable, "-c", _WITHOUT, "wandb", "launch", "--num_processes", "2", "train.py",
+                             *script_args], cwd=tmp_path, env=clean_env(tmp_path), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "pip install wandb" in result.stderr
+    assert "WORKER STARTED" not in result.stdout and "starting" not in result.stderr
+    assert "TORCH False" in result.stdout
+
+
+def test_trackers_the_script_may_not_ask_for_are_not_refused():
+    """A tracker named in a branch, an installed one, "all" or a name the script gives its own meaning: no refusal
+    (the workers decide); the argument forms are read as the scripts' parsers read them."""
+    from overdrive.cli.launch_trackers import _from_arguments, tracker_problems
+
+    source = ("import sys\nfrom overdrive import Accelerator\nif '--track' in sys.argv:\n"
+              "    Accelerator(log_with='wandb')\nAccelerator(log_with='wandb' if sys.argv[1:] else None)\n"
+              "Accelerator(log_with=['csv', 'all'])\n")
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "train.py"
+        script.write_text(source)
+        assert tracker_problems(str(script), ["--log_with", "all", "--report_to", "my_own_logger"]) == []
+        assert tracker_problems(str(script), ["--log_with", "csv", "jsonl", "--lr", "1"]) == []
+    names = [name for name, _ in _from_arguments(["--log_with", "csv", "wandb", "--lr", "3", "--report_to=a,b"])]
+    assert names == ["csv", "wandb", "a", "b"]

@@ -224,6 +224,10 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     plugin_config = _plugin_config(args, config, source, problems)
     extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
     command = _command(args, problems)
+    if device is None and command.target and not command.no_python:  # a missing tracker package, refused once
+        from overdrive.cli.launch_trackers import tracker_problems
+
+        problems += tracker_problems(None if command.module else command.target, command.args)
     if problems:
         raise UsageError(problems)
     if device is None:
