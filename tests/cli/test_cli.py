@@ -211,6 +211,33 @@ def test_torchrun_arguments_for_each_topology():
     assert parsed.nproc_per_node == "4" and parsed.training_script_args[-3:] == ["train.py", "--lr", "1"]
 
 
+def test_a_restart_is_reported_with_the_machines_and_processes_it_has(capsys):
+    import logging
+
+    from overdrive.launchers.torchrun import RestartReporter, quiet_torchelastic
+
+    agent = logging.getLogger(RestartReporter.LOGGER)
+    level = agent.level
+
+    def rendezvous(restart: int, machines: int, processes: int) -> None:  # what torchrun's agent logs
+        agent.info("[default] Rendezvous complete for workers. Result:\n  restart_count=%(restart_count)s\n",
+                   {"role": "default", "restart_count": restart, "group_world_size": machines,
+                    "global_world_sizes": [processes] * 2})
+
+    with quiet_torchelastic(debug=False), RestartReporter.attached(LaunchPlan(num_processes=4, max_restarts=3)):
+        rendezvous(0, 2, 4)  # the first group: nothing to say
+        rendezvous(1, 1, 2)  # an elastic job that lost a machine
+        rendezvous(2, 1, 2)
+    rendezvous(3, 2, 4)  # after the launch: not reported
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "overdrive launch: the workers started again (restart 1 of 3) with 1 machine, 2 processes in all "
+        "(before: 2 machines, 4 processes)",
+        "overdrive launch: the workers started again (restart 2 of 3) with 1 machine, 2 processes in all "
+        "(before: 2 machines, 4 processes)"], err
+    assert agent.level == level and not agent.handlers
+
+
 def test_failure_report_names_first_rank_signal_and_traceback(tmp_path):
     attempt = tmp_path / "run_x" / "attempt_0"
     for rank, text in ((0, "RuntimeError: Connection closed by peer\n"),
@@ -254,6 +281,9 @@ def test_slurm_and_mpi_variables_are_recognised():
     assert (hydra.rank, hydra.world_size, hydra.local_rank, hydra.source) == (1, 2, 1, "mpich / intel mpi")
     torchrun = detect_process_info({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
     assert torchrun.rank == 1 and torchrun.world_size == 2  # torchrun under srun: torchrun's variables win
+    ray = detect_process_info({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                               "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "41000"})  # Ray Train
+    assert (ray.rank, ray.world_size, ray.local_rank, ray.node_rank, ray.master_addr) == (3, 4, 1, 1, "10.0.0.5")
     assert first_host("a,b") == "a" and first_host("node[1-2],x") == "node1" and _tasks_per_node("3,2(x2)", 2) == 2
 
 

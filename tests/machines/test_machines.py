@@ -61,9 +61,10 @@ class Run:
 
 
 def launch(cluster: Cluster, out: Path, *job_args: str, machines: int = 2, flags: tuple[str, ...] = (),
-           only: int | None = None, port: int = 29500, via: str = "flags") -> Run:
+           only: int | None = None, port: int = 29500, via: str = "flags", num_machines: str = "") -> Run:
     """``overdrive launch`` of the job on the first ``machines`` machines, 2 processes each, meeting at
-    machine 0 (a launch's output files replace the previous launch's); ``only``: start that machine alone.
+    machine 0 (a launch's output files replace the previous launch's); ``only``: start that machine alone;
+    ``num_machines``: the ``--num_machines`` value when not ``machines`` (``MIN:MAX``).
     ``via``: where each launcher learns its machine rank, the number of machines and the main address:
     "flags" (``--machine_rank`` ...), "slurm" (the variables ``srun --ntasks-per-node=1`` sets, no flag) or
     "kubeflow" (a ``PyTorchJob`` pod's variables, no flag)."""
@@ -76,7 +77,7 @@ def launch(cluster: Cluster, out: Path, *job_args: str, machines: int = 2, flags
     procs = []
     ranks = list(range(machines)) if only is None else [only]
     for i in ranks:
-        where = ["--num_machines", str(machines), "--machine_rank", str(i), "--main_process_ip", cluster.address(0),
+        where = ["--num_machines", num_machines or str(machines), "--machine_rank", str(i), "--main_process_ip", cluster.address(0),
                  "--main_process_port", str(port)] if via == "flags" else []
         argv = [sys.executable, "-m", "overdrive.cli", "launch", "--cpu", "--num_processes", str(2 * machines),
                 *where, *flags, str(JOB), str(out), *job_args]
@@ -218,6 +219,41 @@ def test_lost_machine_is_named_and_the_run_resumes_on_the_machine_left(cluster, 
     got = torch.load(tmp_path / "run" / "weights.pt")
     for name, want in reference_weights(steps).items():
         torch.testing.assert_close(got[name], want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_an_elastic_job_goes_on_with_the_machine_left_and_resumes_from_the_newest_checkpoint(cluster, tmp_path):
+    # --num_machines 1:2 (torchrun --nnodes 1:2, c10d rendezvous): the job starts on both machines (4 ranks);
+    # machine 1 is lost after step 5; machine 0's agent restarts its group alone (world size 2), and the job's
+    # accelerator.load_state() reshards the newest complete checkpoint (step 4) to 2 ranks; the global batch
+    # stays 32, so the data resumes at the next batch and the result equals one uninterrupted process
+    steps = 12
+    run = launch(cluster, tmp_path / "run", "--steps", str(steps), "--sleep", "0.3", "--timeout", "60",
+                 "--save-every", "2", num_machines="1:2",
+                 flags=("--rdzv_backend", "c10d", "--rdzv_conf", "last_call_timeout=5", "--max_restarts", "1"))
+    deadline = time.monotonic() + 150
+    while len(run.steps(0)) < 5 and time.monotonic() < deadline and all(p.poll() is None for p in run.procs):
+        time.sleep(0.1)
+    assert len(run.steps(0)) >= 5, run.logs()
+    assert {(tmp_path / "run" / f"where_{r}").read_text().split()[2] for r in range(4)} == {"4"}  # both machines
+    assert cluster.kill_machine(1)
+    lost_at = time.time()
+    ended = run.wait(150)[0]
+    out = (tmp_path / "run" / "machine0.out").read_text()
+    assert run.procs[0].returncode == 0, run.logs()
+    resumed = int(out.split("RESUMED at step ")[1].split()[0])
+    again = [t for t in run.steps(0) if t > lost_at]
+    print(f"machine 1 lost after step {len(run.steps(0)) - len(again)}: machine 0 trained again (world size 2, from "
+          f"step {resumed}) {again[0] - lost_at:.1f} s later and ended {ended - lost_at:.1f} s after the loss")
+    assert 4 <= resumed < steps, out
+    assert (tmp_path / "run" / "where_0").read_text().split()[2] == "2"  # the restarted group: machine 0 alone
+    assert f"machine 1 (host {cluster.hosts[1]}, address {cluster.address(1)}, ranks 2, 3) is lost" in run.err(0)
+    assert ("overdrive launch: the workers started again (restart 1 of 1) with 1 machine, 2 processes in all "
+            "(before: 2 machines, 4 processes)") in run.err(0), run.err(0)
+    got = torch.load(tmp_path / "run" / "weights.pt")
+    for name, want in reference_weights(steps).items():
+        torch.testing.assert_close(got[name], want, rtol=0, atol=1e-6)
+    assert no_processes_left(cluster), [cluster.pids(i) for i in (0, 1)]
 
 
 @pytest.mark.timeout(240)

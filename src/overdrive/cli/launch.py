@@ -201,7 +201,10 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
         not _given(args, "multi_gpu") and (config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
     cpu = forced_cpu or device_type is None
     num_processes = pick("num_processes", device_count if not cpu and device_count else 1)
-    num_machines, machine_rank = pick("num_machines"), pick("machine_rank")
+    given = _given(args, "num_machines")  # MIN:MAX (elastic) is overdrive's own form: not the schema's integer
+    machines = Value(given, "--num_machines") if given is not None and ":" in str(given) else pick("num_machines")
+    min_machines, num_machines = _machine_range(machines, problems)
+    machine_rank = pick("machine_rank")
     ip, port = pick("main_process_ip"), pick("main_process_port")
     rdzv, rdzv_conf, same_network = pick("rdzv_backend"), pick("rdzv_conf"), pick("same_network")
     restarts, interval, gpu_ids = pick("max_restarts"), pick("monitor_interval"), pick("gpu_ids")
@@ -221,6 +224,10 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
 
     if not problems and (device is not None or num_processes.source != "default"):
         _check_together(num_processes, num_machines, machine_rank, ip, problems)
+    if min_machines != num_machines.value and rdzv.value == "static":
+        problems.append(f"num_machines {min_machines}:{num_machines.value} (from {machines.source}) is elastic: it "
+                        f"needs torchrun's dynamic rendezvous: add --rdzv_backend c10d (rdzv_backend static, from "
+                        f"{rdzv.source}), or give one number of machines")
     plugin_config = _plugin_config(args, config, source, problems)
     extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
     command = _command(args, problems)
@@ -255,7 +262,7 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
         worker_config["stall_timeout"] = stall.value
     plan = LaunchPlan(
         num_processes=num_processes.value, num_machines=num_machines.value, machine_rank=machine_rank.value,
-        main_process_ip=ip.value, main_process_port=port.value, rdzv_backend=rdzv.value,
+        main_process_ip=ip.value, main_process_port=port.value, rdzv_backend=rdzv.value, min_machines=min_machines,
         rdzv_conf=rdzv_conf.value or "", max_restarts=restarts.value, monitor_interval=interval.value,
         num_cpu_threads_per_process=threads.value, visible_devices=visible, worker_config=worker_config,
         log_dir=_given(args, "log_dir"), tee=_given(args, "tee"), role=_given(args, "role") or "default",
@@ -268,6 +275,25 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     else:
         cpu_reason = " (the config file asks for the CPU)" if forced_cpu else ""
     return plan, command, _summary(plan, cpu, cpu_reason, device_type, source)
+
+
+def _machine_range(machines: Value, problems: list[str]) -> tuple[int, Value]:
+    """``(MIN, MAX)`` of the number of machines: ``--num_machines MIN:MAX`` (or an elastic Kubeflow job's
+    ``PET_NNODES``) for an elastic job, else one number for both."""
+    low, sep, high = str(machines.value).strip().partition(":")
+    if not sep:
+        return machines.value, machines
+    label = machines.source if machines.source.startswith("--") else f"num_machines (from {machines.source})"
+    bounds = [int(part) if part.strip().isdigit() else 0 for part in (low, high)]
+    if min(bounds) < 1:
+        problems.append(f"{label}: {machines.value!r} is not a number of machines; give N, or MIN:MAX (e.g. 1:2) "
+                        "for an elastic job")
+        return 1, Value(1, machines.source)
+    if bounds[0] > bounds[1]:
+        problems.append(f"{label}: {machines.value!r} has MIN {bounds[0]} above MAX {bounds[1]}; give MIN:MAX with "
+                        "MIN <= MAX")
+        return bounds[1], Value(bounds[1], machines.source)
+    return bounds[0], Value(bounds[1], machines.source)
 
 
 def _inherited_threads() -> int | None:
@@ -330,7 +356,11 @@ def _summary(plan: LaunchPlan, cpu: bool, cpu_reason: str, device_type: str | No
     noun = "process" if local == 1 else "processes"
     what = f"{local} CPU {noun} on gloo{cpu_reason}" if cpu else f"{local} {noun} on {device_type}"
     line = f"overdrive launch: starting {what}"
-    if plan.num_machines > 1:
+    if plan.min_machines != plan.num_machines:
+        line += (f" on each of {plan.min_machines} to {plan.num_machines} machines (elastic), up to "
+                 f"{plan.num_processes} in all, meeting at {plan.main_process_ip}:{plan.main_process_port or 29500} "
+                 f"({plan.rdzv_backend} rendezvous)")
+    elif plan.num_machines > 1:
         line += (f" on machine {plan.machine_rank} of {plan.num_machines}, {plan.num_processes} in all, meeting at "
                  f"{plan.main_process_ip}:{plan.main_process_port or 29500} ({plan.rdzv_backend} rendezvous)")
     if source.path:

@@ -43,8 +43,9 @@ class LaunchError(RuntimeError):
 class LaunchPlan:
     """Everything ``overdrive launch`` decided: how many processes where, and what the workers are told."""
 
-    num_processes: int  # in all, over every machine (Accelerate's meaning)
-    num_machines: int = 1
+    num_processes: int  # in all, over every machine (Accelerate's meaning; elastic: with num_machines machines)
+    num_machines: int = 1  # elastic: the most machines
+    min_machines: int = -1  # elastic (``--num_machines MIN:MAX``): the fewest machines; -1: num_machines
     machine_rank: int = 0
     main_process_ip: str | None = None
     main_process_port: int | None = None
@@ -66,6 +67,10 @@ class LaunchPlan:
     def processes_per_machine(self) -> int:
         """The processes torchrun starts on each machine."""
         return self.num_processes // self.num_machines
+
+    def __post_init__(self) -> None:
+        if self.min_machines == -1:
+            object.__setattr__(self, "min_machines", self.num_machines)
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,8 @@ def default_threads(local_processes: int) -> int:
 
 def torchrun_argv(plan: LaunchPlan, command: Command, log_dir: str) -> list[str]:
     """torchrun's command line for ``plan`` (what ``torchrun ...`` would be given)."""
-    argv = [f"--nnodes={plan.num_machines}", f"--nproc-per-node={plan.processes_per_machine}",
+    nodes = f"{plan.min_machines}:{plan.num_machines}" if plan.min_machines != plan.num_machines else plan.num_machines
+    argv = [f"--nnodes={nodes}", f"--nproc-per-node={plan.processes_per_machine}",
             f"--max-restarts={plan.max_restarts}", f"--monitor-interval={plan.monitor_interval}",
             f"--role={plan.role}", f"--log-dir={log_dir}"]
     if plan.num_machines > 1 or plan.main_process_port:
@@ -160,6 +166,52 @@ def quiet_torchelastic(debug: bool) -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
+class RestartReporter(logging.Handler):
+    """One line on stderr each time torchrun's agent forms the worker group again (a restart after a failure,
+    or an elastic job's new membership), with the machines and processes it now has. Reads the agent's
+    "Rendezvous complete" log record (``torch.distributed.elastic.agent.server.api``), which quiet mode hides."""
+
+    LOGGER = "torch.distributed.elastic.agent.server.api"
+
+    def __init__(self, max_restarts: int) -> None:
+        super().__init__(logging.INFO)
+        self.max_restarts = max_restarts
+        self.first: tuple[int, int] | None = None  # (machines, processes) of the first group
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Report a rendezvous after the first."""
+        found: Any = record.args
+        if not isinstance(found, Mapping) or "group_world_size" not in found:
+            return
+        sizes = found.get("global_world_sizes") or [0]
+        now = (int(found["group_world_size"]), int(sizes[0]))
+        if self.first is None:
+            self.first = now
+            return
+        restart = int(found.get("restart_count") or 0)
+        why = f"restart {restart} of {self.max_restarts}" if restart else "the machines taking part changed"
+        before = f" (before: {self.first[0]} machines, {self.first[1]} processes)" if now != self.first else ""
+        print(f"overdrive launch: the workers started again ({why}) with {now[0]} machine{'s' if now[0] != 1 else ''}, "
+              f"{now[1]} processes in all{before}", file=sys.stderr, flush=True)
+
+    @classmethod
+    @contextmanager
+    def attached(cls, plan: LaunchPlan) -> Iterator[None]:
+        """Report restarts during the block (inside ``quiet_torchelastic``; levels restored after)."""
+        agent = logging.getLogger(cls.LOGGER)
+        saved = agent.level, agent.propagate
+        reporter = cls(plan.max_restarts)
+        agent.setLevel(logging.INFO)
+        agent.propagate = plan.debug  # quiet: the agent's own lines stay hidden
+        agent.addHandler(reporter)
+        try:
+            yield
+        finally:
+            agent.removeHandler(reporter)
+            agent.setLevel(saved[0])
+            agent.propagate = saved[1]
+
+
 def launch_script(plan: LaunchPlan, command: Command) -> int:
     """Run ``command`` as ``plan`` says; return the exit code (0, or the first failed rank's)."""
     from torch.distributed import run as torchrun
@@ -179,7 +231,7 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
     args = torchrun.get_args_parser().parse_args(argv)
     copier = StderrCopier(log_dir) if not plan.tee else None
     try:
-        with patched_environ(worker_environ(plan)), quiet_torchelastic(plan.debug):
+        with patched_environ(worker_environ(plan)), quiet_torchelastic(plan.debug), RestartReporter.attached(plan):
             if copier:
                 copier.start()
             torchrun.run(args)

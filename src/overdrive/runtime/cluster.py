@@ -46,7 +46,9 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def from_torchrun(env: Mapping[str, str]) -> ProcessInfo | None:
-    """torchrun / TorchElastic, or anything that sets the same variables (RANK, WORLD_SIZE, ...)."""
+    """torchrun / TorchElastic, or anything that sets the same variables (RANK, WORLD_SIZE, ...): Ray Train's
+    ``TorchTrainer`` workers too (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR /
+    MASTER_PORT), where Ray Train has made the process group before the loop starts, and it is adopted."""
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return None
     world = _int(env, "WORLD_SIZE", 1)
@@ -55,7 +57,7 @@ def from_torchrun(env: Mapping[str, str]) -> ProcessInfo | None:
         world_size=world,
         local_rank=_int(env, "LOCAL_RANK", 0),
         local_world_size=_int(env, "LOCAL_WORLD_SIZE", world),
-        node_rank=_int(env, "GROUP_RANK", 0),
+        node_rank=_first_int(env, ("GROUP_RANK", "NODE_RANK"), 0),  # NODE_RANK: Ray Train's name
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=_int(env, "MASTER_PORT", 29500),
         restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
@@ -174,23 +176,35 @@ def launch_defaults(env: Mapping[str, str]) -> tuple[dict[str, int | str], str]:
     - SLURM (``srun --ntasks-per-node=1 overdrive launch ...``): SLURM_STEP_NUM_NODES / SLURM_NNODES,
       SLURM_NODEID, the first host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST, and the port derived from
       SLURM_JOB_ID (as ``from_slurm``) unless MASTER_PORT is set.
-    - Kubernetes / Kubeflow ``PyTorchJob``: the torchrun variables it sets, PET_NNODES, PET_NODE_RANK,
-      PET_MASTER_ADDR, PET_MASTER_PORT (MASTER_ADDR / MASTER_PORT when the PET_ ones are absent).
+    - Kubernetes / Kubeflow ``PyTorchJob``: the torchrun variables it sets, PET_NNODES (``MIN:MAX`` for an
+      elastic job, kept as that text), PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT (MASTER_ADDR /
+      MASTER_PORT when the PET_ ones are absent; an elastic job's PET_RDZV_ENDPOINT when neither is set),
+      PET_RDZV_BACKEND and PET_MAX_RESTARTS (``elasticPolicy``).
     """
     found: dict[str, int | str] = {}
     if "PET_NNODES" in env or "PET_NODE_RANK" in env:
         nodes = env.get("PET_NNODES", "")
         if nodes.isdigit():
             found["num_machines"] = int(nodes)
+        elif re.fullmatch(r"\d+:\d+", nodes):  # an elastic PyTorchJob (elasticPolicy minReplicas:maxReplicas)
+            found["num_machines"] = nodes
         if env.get("PET_NODE_RANK", "").isdigit():
             found["machine_rank"] = int(env["PET_NODE_RANK"])
         addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
         port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT")
+        endpoint = env.get("PET_RDZV_ENDPOINT", "")
+        if not addr and endpoint:  # an elastic job's rendezvous, "host:port" or "host"
+            host, sep, tail = endpoint.rpartition(":")
+            addr, port = (host, tail) if sep else (endpoint, port)
         if addr:
             found["main_process_ip"] = addr
         if port and port.isdigit():
             found["main_process_port"] = int(port)
-        return found, "Kubeflow (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT)"
+        if env.get("PET_RDZV_BACKEND"):
+            found["rdzv_backend"] = env["PET_RDZV_BACKEND"]
+        if env.get("PET_MAX_RESTARTS", "").isdigit():
+            found["max_restarts"] = int(env["PET_MAX_RESTARTS"])
+        return found, "Kubeflow (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_RDZV_*)"
     if "SLURM_JOB_ID" in env and "SLURM_NODEID" in env:
         nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or ""
         if nodes.isdigit():
