@@ -148,6 +148,9 @@ def test_training_across_two_machines_restarted_after_a_crash_equals_one_process
     assert "RESUMED at step 2" in out, out
     assert f"meeting at {cluster.hosts[0]}:19242" in run.err(1)  # the port derived from SLURM_JOB_ID
     assert "planned failure at step 3" in run.err(1)
+    for i in (0, 1):  # both agents say they started the workers again, with the same machines
+        assert "overdrive launch: the workers started again (restart 1 of 1) with 2 machines, 4 processes in all\n" \
+            in run.err(i), run.err(i)
     where = {r: (tmp_path / "run" / f"where_{r}").read_text().split() for r in range(4)}
     assert {r: w[0] for r, w in where.items()} == {0: cluster.hosts[0], 1: cluster.hosts[0],
                                                    2: cluster.hosts[1], 3: cluster.hosts[1]}
