@@ -1,11 +1,10 @@
 """Ray Train's ``TorchTrainer`` for real, on 2 CPU workers: an Accelerate-style overdrive loop inside
 ``train_loop_per_worker`` (tests/scripts/ray_train_job.py) adopts the process group Ray Train made and
-trains as one process would. Needs ``ray[train]`` (the ``ray`` extra); skipped, with the reason, without it.
+trains as one process would. Needs ``ray[train]`` (the test extra has it; also the ``ray`` extra).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,11 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_cli import SCRIPTS, clean_env
+from tests.support.cli import SCRIPTS, clean_env
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.optional,
-              pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                 reason="Ray Train is not installed: pip install 'overdrive[ray]'")]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.requires("ray")]  # overdrive[ray]
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
