@@ -54,6 +54,7 @@ def test_test_script_installs_once_and_quick_skips_the_slow_tests(tmp_path):
     first = _run(root, "test.sh", "-x")
     assert first[0].startswith("pip install") and first[0].endswith("-e .[test]")
     assert first[1:] == ["ruff check src tests bench examples scripts",
-                         "basedpyright --pythonpath .venv/bin/python --warnings", "python -m pytest -x"]
-    assert _run(root, "test.sh", "--quick", "-q")[-1] == "python -m pytest -m not slow -q"
+                         "basedpyright --pythonpath .venv/bin/python --warnings",
+                         "python -m pytest -n 2 --dist loadfile -x"]
+    assert _run(root, "test.sh", "--quick", "-q")[-1] == "python -m pytest -n 2 --dist loadfile -m not slow -q"
     assert "pip" not in " ".join(_run(root, "demo.sh"))  # the test extra includes the demo's

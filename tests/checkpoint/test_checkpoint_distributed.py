@@ -286,11 +286,13 @@ def test_checkpoint_of_two_processes_loads_at_one(reference: tuple[Path, list], 
 @pytest.mark.timeout(240)
 def test_rank_killed_mid_save_then_resume_at_three_processes(reference: tuple[Path, list], tmp_path: Path) -> None:
     root, ref = reference
-    ctx = mp.get_context("spawn")
+    # run_distributed's fork server (torch imported once): this test needs each process's exit code
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch"])
     results: Any = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(_kill_during_save, rank, 2, port, (str(tmp_path),), {}, results),
-                         daemon=True) for rank in range(2)]
+    procs = [ctx.Process(target=_worker, args=(_kill_during_save, rank, 2, port, (str(tmp_path),), {}, results,
+                                               dict(os.environ)), daemon=True) for rank in range(2)]
     for proc in procs:
         proc.start()
     try:
