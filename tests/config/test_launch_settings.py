@@ -125,3 +125,16 @@ def test_a_setting_added_to_the_schema_appears_everywhere(script, tmp_path, monk
     assert "| `toy_window` | `--toy_window` | `toy_window` | `ACCELERATE_TOY_WINDOW` | integer >= 1 | `1` |" \
         in settings_table()
     assert by_name()["toy_window"] is toy
+
+
+def test_a_bad_answer_to_a_question_gets_the_flags_message(monkeypatch, capsys):
+    """``overdrive config``'s questions check answers with the setting's kind: the message is the flag's."""
+    from overdrive.cli.config_cmd import Asker, questionnaire
+
+    # multi-CPU, "0" machines (refused, asked again), 1 machine, 2 processes, no compile, no mixed precision
+    answers = iter(["1", "0", "1", "2", "n", "no"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
+    config = questionnaire(Asker(), "cpu", 0)
+    assert config["num_machines"] == 1 and config["num_processes"] == 2
+    flag = by_name()["num_machines"].check("--num_machines", "0")[1]
+    assert flag is not None and flag.replace("--", "") in capsys.readouterr().out

@@ -16,6 +16,7 @@ from typing import Any
 from overdrive.cli import UsageError, add_flag, add_setting_flag
 from overdrive.config.choices import invalid_choice
 from overdrive.config.launch_settings import MIXED_PRECISION, Setting, by_name
+from overdrive.config.setting_kinds import Bool
 from overdrive.launchers import config_file as cf
 
 SETTINGS = by_name()
@@ -156,7 +157,7 @@ def _show(value: Any) -> str:
 
 def _yes_no(answer: str) -> tuple[Any, str | None]:
     answer = {"y": "yes", "n": "no"}.get(answer.lower(), answer)
-    value, problem = by_name()["cpu"].check("answer", answer)
+    value, problem = Bool().check("answer", answer)
     return (value, None) if problem is None else (answer, f"{answer!r}: answer yes or no")
 
 

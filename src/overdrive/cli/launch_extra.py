@@ -1,5 +1,7 @@
-"""The rest of ``accelerate launch``'s flags: compile, fp8, the parallelism config, TPU, SageMaker, MPI and
-Megatron-LM, each with Accelerate's meaning.
+"""The rest of ``accelerate launch``'s flags, carried out: compile, fp8, the parallelism config, TPU, SageMaker,
+MPI and Megatron-LM, each with Accelerate's meaning. The flags themselves (names, kinds, help, refusals) are
+settings of the schema, ``overdrive.config.launch_settings``; any setting with a flag and a config file key
+outside the launcher's own groups is carried out here, so a new setting needs no code in this module.
 
 A flag given lands in the launch config the workers read, under the config file's key (``dynamo_config``,
 ``fp8_config``, ``parallelism_config`` or the top level), so flag and file mean the same; the launcher then
