@@ -12,6 +12,9 @@ the environment into one frozen plan. One file per theme:
 - ``fsdp``, ``deepspeed`` (+ ``deepspeed_json``), ``megatron``: the strategy plugins
 - ``compile``: ``TorchDynamoPlugin``, ``ActivationCheckpointingKwargs`` (the model path,
   the same under every strategy)
+- ``launch_settings`` (+ ``setting_kinds``, its validators): the one schema of the launch settings (flag,
+  config file key, environment variable, default, question, help); ``accelerate_env`` reads and writes
+  Accelerate's variables from it
 
 Names are imported on first use (``from overdrive.config import ProjectConfiguration`` loads ``project``
 alone), so a run that uses no plugin never builds the plugin dataclasses.

@@ -11,6 +11,9 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
+#: the mixed precision names, in the order messages list them (Accelerate's)
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+
 #: words users type for a choice -> the choice they mean (used when that choice is offered)
 INTENT = {"fp32": "no", "float32": "no", "float": "no", "full": "no", "none": "no", "off": "no", "false": "no",
           "bfloat16": "bf16", "bf": "bf16", "float16": "fp16", "half": "fp16", "float8": "fp8"}

@@ -7,7 +7,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from overdrive.config.choices import invalid_choice
+from overdrive.config.choices import MIXED_PRECISION, invalid_choice
 from overdrive.config.deepspeed_json import (
     AUTO,
     apply_fields,
@@ -100,9 +100,8 @@ class DeepSpeedPlugin:
         """Fill the config's ``fp16.enabled`` / ``bf16.enabled`` (where absent or "auto") for a
         ``mixed_precision`` of "no", "fp16", "bf16" or "fp8" (bf16 compute), as Accelerate does; a config that
         already enables the other half-precision type is refused."""
-        valid = ("no", "fp16", "bf16", "fp8")
-        if mixed_precision not in valid:
-            raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision, valid))
+        if mixed_precision not in MIXED_PRECISION:
+            raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision, MIXED_PRECISION))
         if mixed_precision != "no":
             other = "bf16" if mixed_precision == "fp16" else "fp16"
             if str(self.get_value(f"{other}.enabled", False)).lower() == "true":

@@ -21,7 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from overdrive.config.choices import MIXED_PRECISION
 from overdrive.config.compile import DYNAMO_BACKENDS, DYNAMO_MODES
+from overdrive.config.enums import DistributedType
 from overdrive.config.setting_kinds import (
     Bool,
     Bools,
@@ -36,11 +38,8 @@ from overdrive.config.setting_kinds import (
     Text,
 )
 
-MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
-DISTRIBUTED_TYPES = (
-    "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
-    "MULTI_HPU", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "TPU",
-)
+#: Accelerate's distributed types, and "TPU", which older config files hold
+DISTRIBUTED_TYPES = (*DistributedType.list(), "TPU")
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE", "AMAZON_SAGEMAKER")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")

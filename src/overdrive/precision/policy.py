@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from overdrive.config.choices import invalid_choice
+from overdrive.config.choices import MIXED_PRECISION, invalid_choice
 
 # fp8: torchao / Transformer Engine run the linear layers in float8 (precision/fp8.py); the rest runs in bf16,
 # as in Accelerate
@@ -36,7 +36,7 @@ def precision_policy(name: str | None, device: torch.device) -> PrecisionPolicy:
     """The policy for ``name`` on ``device`` (None: 'no'), or an error naming the value and the valid choices."""
     key = str(getattr(name, "value", name)).lower() if name is not None else "no"
     if key not in _DTYPES:
-        raise ValueError(invalid_choice(f"mixed_precision={name!r}", key, ("no", "fp16", "bf16", "fp8")))
+        raise ValueError(invalid_choice(f"mixed_precision={name!r}", key, MIXED_PRECISION))
     dtype = _DTYPES[key]
     if dtype is None:
         return PrecisionPolicy()
