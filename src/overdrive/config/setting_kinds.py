@@ -15,7 +15,6 @@ which asks torch what a device is, and only when a value is checked.
 from __future__ import annotations
 
 from collections.abc import Mapping as MappingABC
-from dataclasses import dataclass, field
 from typing import Any
 
 from overdrive.config.choices import invalid_choice
@@ -27,12 +26,19 @@ FALSE_WORDS = ("0", "false", "no", "n", "off", "f")
 Checked = tuple[Any, "str | None"]
 
 
-@dataclass(frozen=True)
 class Kind:
-    """A kind of value; subclasses implement ``check`` and say what they take in ``describe``."""
+    """A kind of value; subclasses implement ``check`` and say what they take in ``describe``. (Plain classes,
+    not dataclasses: this module is imported on every ``overdrive launch``, before its arguments are checked.)"""
 
     #: what a flag of this kind shows in ``--help`` (``N``, ``VALUE``...)
-    metavar: str = field(default="VALUE", kw_only=True)
+    metavar = "VALUE"
+
+    def __init__(self, *, metavar: str | None = None) -> None:
+        if metavar is not None:
+            self.metavar = metavar
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
     def check(self, label: str, value: Any) -> Checked:
         """``(normalised value, None)``, or ``(value, message)`` when ``value`` is not of this kind."""
@@ -47,11 +53,10 @@ class Kind:
         return self.metavar
 
 
-@dataclass(frozen=True)
 class Bool(Kind):
     """true / false (also yes / no, 1 / 0, on / off, as Accelerate's ``str_to_bool``)."""
 
-    metavar: str = field(default="BOOL", kw_only=True)
+    metavar = "BOOL"
 
     def check(self, label: str, value: Any) -> Checked:
         if isinstance(value, bool):
@@ -65,16 +70,16 @@ class Bool(Kind):
         return "true / false"
 
 
-@dataclass(frozen=True)
 class Int(Kind):
     """An integer, at least ``minimum`` (when given), or one of ``allow`` (kept as given: ``-1``, ``None``);
     with ``choices``, one of those."""
 
-    metavar: str = field(default="N", kw_only=True)
-    minimum: int | None = None
-    allow: tuple[Any, ...] = ()
-    choices: tuple[int, ...] = ()
-    maximum: int | None = None
+    metavar = "N"
+
+    def __init__(self, *, minimum: int | None = None, maximum: int | None = None, allow: tuple[Any, ...] = (),
+                 choices: tuple[int, ...] = (), metavar: str | None = None) -> None:
+        super().__init__(metavar=metavar)
+        self.minimum, self.maximum, self.allow, self.choices = minimum, maximum, allow, choices
 
     def check(self, label: str, value: Any) -> Checked:
         if value in self.allow and not isinstance(value, bool):
@@ -107,13 +112,14 @@ class Int(Kind):
         return " ".join(parts) + (f" (or {', '.join(allowed)})" if allowed else "")
 
 
-@dataclass(frozen=True)
 class Float(Kind):
     """A number; above ``above`` when given; or one of ``allow`` (kept as given: ``"auto"``)."""
 
-    metavar: str = field(default="NUMBER", kw_only=True)
-    above: float | None = None
-    allow: tuple[Any, ...] = ()
+    metavar = "NUMBER"
+
+    def __init__(self, *, above: float | None = None, allow: tuple[Any, ...] = (), metavar: str | None = None) -> None:
+        super().__init__(metavar=metavar)
+        self.above, self.allow = above, allow
 
     def check(self, label: str, value: Any) -> Checked:
         if value in self.allow:
@@ -133,13 +139,13 @@ class Float(Kind):
         return text + (f" (or {', '.join(map(repr, self.allow))})" if self.allow else "")
 
 
-@dataclass(frozen=True)
 class Choice(Kind):
     """One of ``choices``, in any case; normalised to the case of the choices (``case``: "lower", "upper" or
     "exact", which compares as written)."""
 
-    choices: tuple[str, ...] = ()
-    case: str = "lower"
+    def __init__(self, choices: tuple[str, ...], *, case: str = "lower", metavar: str | None = None) -> None:
+        super().__init__(metavar=metavar)
+        self.choices, self.case = choices, case
 
     def _norm(self, text: str) -> str:
         return text.lower() if self.case == "lower" else text.upper() if self.case == "upper" else text
@@ -158,7 +164,6 @@ class Choice(Kind):
         return "{" + ",".join(self.choices) + "}" if self.metavar == "VALUE" and len(self.choices) <= 6 else self.metavar
 
 
-@dataclass(frozen=True)
 class Text(Kind):
     """A string (a number given in a file is read as its text)."""
 
@@ -173,11 +178,10 @@ class Text(Kind):
         return "text"
 
 
-@dataclass(frozen=True)
 class GpuIds(Kind):
     """``all`` or a comma-separated list of device ids."""
 
-    metavar: str = field(default="IDS", kw_only=True)
+    metavar = "IDS"
 
     def check(self, label: str, value: Any) -> Checked:
         text = str(value).strip().replace(" ", "")
@@ -191,7 +195,6 @@ class GpuIds(Kind):
         return "`all` or ids like `0,1`"
 
 
-@dataclass(frozen=True)
 class Mapping(Kind):
     """A mapping of keys to values (empty when not given)."""
 
@@ -206,7 +209,6 @@ class Mapping(Kind):
         return "mapping"
 
 
-@dataclass(frozen=True)
 class List(Kind):
     """A list (or nothing)."""
 
@@ -219,11 +221,10 @@ class List(Kind):
         return "list"
 
 
-@dataclass(frozen=True)
 class Device(Kind):
     """A torch device name (``cpu``, ``cuda:1``...)."""
 
-    metavar: str = field(default="DEVICE", kw_only=True)
+    metavar = "DEVICE"
 
     def check(self, label: str, value: Any) -> Checked:
         import torch
@@ -237,12 +238,12 @@ class Device(Kind):
         return "torch device"
 
 
-@dataclass(frozen=True)
 class Bools(Kind):
     """``count`` booleans, comma-separated (``False,False,True``, also in brackets) or a list."""
 
-    count: int = 3
-    names: str = "fprop, dgrad, wgrad"
+    def __init__(self, *, count: int = 3, names: str = "fprop, dgrad, wgrad") -> None:
+        super().__init__()
+        self.count, self.names = count, names
 
     def check(self, label: str, value: Any) -> Checked:
         parts = value if isinstance(value, (list, tuple)) else \
