@@ -22,7 +22,18 @@ from tests.support.distributed import run_distributed
 # ---------------------------------------------------------------------------------------------- memory
 
 
-def test_find_executable_batch_size_shrinks_by_a_tenth_on_out_of_memory():
+@pytest.fixture
+def clears(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The cache clears find_executable_batch_size makes (their ``garbage_collection`` flags), recorded instead
+    of run: each is a full ``gc.collect()``, ~0.5 s of CPU in a test process that has imported transformers,
+    once per retry. clear_device_cache itself runs in test_memory_helpers."""
+    calls: list[bool] = []
+    monkeypatch.setattr("overdrive.helpers.memory.clear_device_cache",
+                        lambda garbage_collection=False: calls.append(garbage_collection))
+    return calls
+
+
+def test_find_executable_batch_size_shrinks_by_a_tenth_on_out_of_memory(clears):
     tried = []
 
     @find_executable_batch_size(starting_batch_size=128)
@@ -40,16 +51,18 @@ def test_find_executable_batch_size_shrinks_by_a_tenth_on_out_of_memory():
     while expected[-1] > 16:
         expected.append(int(expected[-1] * 0.9))
     assert tried == expected and expected[-1] == 15
+    assert clears == [True] * len(expected)  # before the first try and after each failed one, with gc first
     assert train(3) == 45 and tried[-1] == 15  # the size that worked is remembered
 
 
-def test_find_executable_batch_size_reaches_zero():
+def test_find_executable_batch_size_reaches_zero(clears):
     @find_executable_batch_size(starting_batch_size=4)
     def train(batch_size):
         raise RuntimeError("CUDA out of memory.")
 
     with pytest.raises(RuntimeError, match="No executable batch size found, reached zero."):
         train()
+    assert clears == [True] * 5  # 4, 3, 2, 1 failed
 
 
 def test_find_executable_batch_size_rejects_a_passed_batch_size():
@@ -64,7 +77,7 @@ def test_find_executable_batch_size_rejects_a_passed_batch_size():
     assert train("net") == 8
 
 
-def test_find_executable_batch_size_reraises_other_errors_and_uses_custom_reducers():
+def test_find_executable_batch_size_reraises_other_errors_and_uses_custom_reducers(clears):
     calls = []
 
     @find_executable_batch_size(starting_batch_size=10)
