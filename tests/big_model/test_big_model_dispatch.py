@@ -157,6 +157,7 @@ def test_remove_hook_restores_a_dispatched_model(saved: tuple, tmp_path: Path) -
     remove_hook_from_module(model, recurse=True)
     del model.hf_device_map
     assert_same(before, snapshot(model))
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tie restored (the three entry points share it)
 
 
 def test_cpu_offload_with_hook_chain() -> None:

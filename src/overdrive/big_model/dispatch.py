@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -44,9 +45,26 @@ def _first_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _record_ties(model: nn.Module, tied: list[list[str]]) -> None:
-    if tied:
-        model.__dict__[TIED_GROUPS] = tied
+@contextlib.contextmanager
+def tied_weights(model: nn.Module, retie: bool = False) -> Iterator[dict[int, dict]]:
+    """The one discovery of ``model``'s tied weights around attaching hooks to it. Yields the map that lets
+    tied weights share one copy per device (``{data_ptr: {}}`` for each tied parameter holding data, the
+    hooks' ``tied_params_map``). Afterwards, with ``retie``, every name of a group points at one parameter
+    again (moving parameters replaced some objects), and the groups are recorded on the model, so that
+    ``remove_hook_from_module`` re-ties them (recorded last: attaching a hook detaches the previous one,
+    which takes the record)."""
+    groups = find_tied_parameters(model)
+    shared: dict[int, dict] = {}
+    for group in groups:
+        for name in group:
+            tensor = model.get_parameter(name)
+            if tensor.device.type != "meta":
+                shared[tensor.data_ptr()] = {}
+    yield shared
+    if retie:
+        retie_parameters(model, groups)
+    if groups:
+        model.__dict__[TIED_GROUPS] = groups
 
 
 def _has_index(folder: str | os.PathLike[str] | None) -> bool:
@@ -70,14 +88,13 @@ def cpu_offload(model: nn.Module, execution_device: Any = None, offload_buffers:
         >>> model = cpu_offload(model, execution_device=0)
     """
     execution_device = _first_device(model) if execution_device is None else execution_device
-    tied = find_tied_parameters(model)
     if state_dict is None:
         state_dict = {name: tensor.to("cpu") for name, tensor in model.state_dict().items()}
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(model, execution_device=execution_device, offload=True,
-                             offload_buffers=offload_buffers, weights_map=state_dict,
-                             preload_module_classes=preload_module_classes)
-    _record_ties(model, tied)
+    with tied_weights(model):
+        add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+        attach_align_device_hook(model, execution_device=execution_device, offload=True,
+                                 offload_buffers=offload_buffers, weights_map=state_dict,
+                                 preload_module_classes=preload_module_classes)
     return model
 
 
@@ -92,13 +109,12 @@ def disk_offload(model: nn.Module, offload_dir: str | os.PathLike[str], executio
     if not _has_index(offload_dir):
         offload_state_dict(offload_dir, model.state_dict())
     execution_device = _first_device(model) if execution_device is None else execution_device
-    tied = find_tied_parameters(model)
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(model, execution_device=execution_device, offload=True,
-                             offload_buffers=offload_buffers, weights_map=weights_map,
-                             preload_module_classes=preload_module_classes)
-    _record_ties(model, tied)
+    with tied_weights(model):
+        add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+        attach_align_device_hook(model, execution_device=execution_device, offload=True,
+                                 offload_buffers=offload_buffers, weights_map=weights_map,
+                                 preload_module_classes=preload_module_classes)
     return model
 
 
@@ -182,20 +198,11 @@ def _hook_model(model: nn.Module, device_map: Mapping[str, Any], main: Any, stat
     if state_dict is not None or folder is not None or offload_index is not None:
         weights_map = OffloadedWeightsLoader(state_dict=state_dict, save_folder=folder, index=offload_index,
                                              device=main if offload_index is not None else None)
-    tied = find_tied_parameters(model)
-    tied_params_map: dict[int, dict] = {}
-    for group in tied:
-        for name in group:
-            tensor = model.get_parameter(name)
-            if tensor.device.type != "meta":
-                tied_params_map[tensor.data_ptr()] = {}
-    attach_align_device_hook_on_blocks(model, execution_device=execution, offload=offload,
-                                       offload_buffers=offload_buffers, weights_map=weights_map,
-                                       skip_keys=skip_keys, preload_module_classes=preload,
-                                       tied_params_map=tied_params_map)
-    # moving parameters replaced some Parameter objects: point tied names at one object again
-    retie_parameters(model, tied)
-    _record_ties(model, tied)
+    with tied_weights(model, retie=True) as tied_params_map:
+        attach_align_device_hook_on_blocks(model, execution_device=execution, offload=offload,
+                                           offload_buffers=offload_buffers, weights_map=weights_map,
+                                           skip_keys=skip_keys, preload_module_classes=preload,
+                                           tied_params_map=tied_params_map)
     placed = sorted({str(d) for d in device_map.values() if d in _OFFLOAD})
     if placed:
         logger.info("Some parameters are on the meta device because they were offloaded to %s.",
