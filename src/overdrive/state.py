@@ -20,6 +20,7 @@ from overdrive.accumulation import AccumulationWindow
 from overdrive.config import DistributedType, InitProcessGroupKwargs
 
 if TYPE_CHECKING:
+    from overdrive.resolve.plan import TrainingPlan
     from overdrive.resolve.process import ProcessPlan
 
 
@@ -295,31 +296,37 @@ class AcceleratorState(PartialState):
 
     _shared_state = _AcceleratorSharedState()
 
-    def adopt(self, training: Any) -> None:
+    def adopt(self, training: TrainingPlan) -> None:
         """Answer for ``training`` (an Accelerator's plan) from now on; make it the process's newest."""
         self._shared["training"] = training
-        settings = getattr(training, "deepspeed", None)
+        settings = training.deepspeed
         self._shared["deepspeed_selection"] = PluginSelection(settings.plugins) if settings is not None else None
         # an own view of the shared process state: a later Accelerator replaces the shared plan, not this one
         self.__dict__ = dict(self._shared)
 
     @property
+    def _training(self) -> TrainingPlan | None:
+        """The plan this state answers for, or None before an Accelerator exists."""
+        return self.__dict__.get("training")
+
+    @property
     def mixed_precision(self) -> str:
         """The resolved mixed precision ("no", "fp16", "bf16" or "fp8"); "no" before an Accelerator exists."""
-        training = self.__dict__.get("training")
+        training = self._training
         return training.precision.name if training is not None else "no"
 
     @property
     def num_steps(self) -> int:
         """Micro-batches per optimizer step (the accumulation window); 1 before an Accelerator exists."""
-        training = self.__dict__.get("training")
+        training = self._training
         return training.accumulation.num_steps if training is not None else 1
 
     @property
     def deepspeed_plugins(self) -> dict[str, Any] | None:
         """The DeepSpeed plugins by name (one plugin given alone is ``"default"``), or None. They are the
         plan's copies of the plugins given: the user's objects are never changed."""
-        settings = getattr(self.__dict__.get("training"), "deepspeed", None)
+        training = self._training
+        settings = training.deepspeed if training is not None else None
         return dict(settings.plugins) if settings is not None else None
 
     @property
@@ -363,7 +370,8 @@ class AcceleratorState(PartialState):
     def fsdp_plugin(self) -> Any:
         """The FSDP plugin of the running Accelerator when it shards with FSDP, else None (transformers
         decides from this whether FSDP is on)."""
-        return getattr(self.__dict__.get("training"), "fsdp", None)
+        training = self._training
+        return training.fsdp if training is not None else None
 
     @classmethod
     # Accelerate's signature, which differs from PartialState's: its callers pass reset_partial_state first

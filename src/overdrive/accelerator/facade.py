@@ -41,7 +41,7 @@ from overdrive.runtime.mesh import ParallelMesh
 from overdrive.scheduler import AcceleratedScheduler
 from overdrive.state import AcceleratorState, GradientState
 from overdrive.strategies import Strategy, create_strategy
-from overdrive.strategies.base import LocalGradients, StrategyContext
+from overdrive.strategies.base import StrategyContext
 from overdrive.transforms.hooks import HookRegistry
 
 if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with the Accelerator
@@ -139,10 +139,10 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         self.strategy: Strategy = create_strategy(self.plan.strategy, context, self.plan.strategy_settings)
         self.scaler = self.precision.scaler
         # backward() calls loss.backward() itself when neither a loss scale nor an engine takes part
-        self._loss_backward = self.scaler is None and not getattr(self.strategy, "owns_backward", True)
+        self._loss_backward = self.scaler is None and not self.strategy.owns_backward
         # the strategy's no_sync is the shared do-nothing context (one process, a pipeline, DeepSpeed):
         # accumulate() returns that context without calling it
-        self._no_sync_does_nothing = getattr(type(self.strategy), "no_sync", None) is LocalGradients.no_sync
+        self._no_sync_does_nothing = self.strategy.no_sync_does_nothing
         #: what prepare() returned and register_for_checkpointing() added, in order
         self.prepared = PreparedObjects()
         self.flag_tensor: torch.Tensor | None = None

@@ -12,17 +12,22 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from overdrive.resolve.plan import DDPSettings
+
 if TYPE_CHECKING:
     from overdrive.config import DataLoaderConfiguration, ProjectConfiguration
+    from overdrive.precision.amp import AmpPrecision
+    from overdrive.prepared import PreparedObjects
+    from overdrive.resolve.plan import TrainingPlan
 
 
 class AccelerateSurface:
     """Accelerate's attribute names on an object with ``plan``, ``prepared``, ``precision``,
     ``project_configuration`` and ``dataloader_config``."""
 
-    plan: Any
-    prepared: Any
-    precision: Any
+    plan: TrainingPlan
+    prepared: PreparedObjects
+    precision: AmpPrecision
     project_configuration: ProjectConfiguration
     dataloader_config: DataLoaderConfiguration
 
@@ -53,7 +58,7 @@ class AccelerateSurface:
         """Whether forward passes run under autocast (fp16 / bf16 mixed precision). Settable: ``False``
         turns autocast off for every prepared model from the next forward on; ``True`` turns it back on."""
         return bool(self.precision.policy.enabled and self.precision.autocast_kwargs.enabled
-                    and getattr(self.precision, "active", True))
+                    and self.precision.active)
 
     @native_amp.setter
     def native_amp(self, value: bool) -> None:
@@ -69,7 +74,8 @@ class AccelerateSurface:
     @property
     def ddp_handler(self) -> Any:
         """The DDP options in effect (a copy of the ``DistributedDataParallelKwargs`` given, or the defaults)."""
-        return getattr(getattr(self.plan, "strategy_settings", None), "options", None) or self.plan.ddp
+        settings = self.plan.strategy_settings
+        return settings.options if isinstance(settings, DDPSettings) else self.plan.ddp
 
     @property
     def scaler_handler(self) -> Any:
@@ -89,12 +95,12 @@ class AccelerateSurface:
     @property
     def init_handler(self) -> Any:
         """The ``InitProcessGroupKwargs`` given, or None."""
-        return getattr(self.plan, "init_kwargs", None)
+        return self.plan.init_kwargs
 
     @property
     def fp8_recipe_handler(self) -> Any:
         """The fp8 recipe (``AORecipeKwargs`` / ``TERecipeKwargs``) in effect, or None."""
-        return getattr(self.plan, "fp8", None)
+        return self.plan.fp8
 
     @property
     def has_fp8_handler(self) -> bool:

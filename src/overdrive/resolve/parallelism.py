@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from overdrive.config import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin, ParallelismConfig
-from overdrive.resolve.plan import DDPSettings, FSDP2Settings, PipelineStrategySettings, SingleSettings
+from overdrive.resolve.plan import (
+    DDPSettings,
+    FSDP2Settings,
+    PipelineStrategySettings,
+    SingleSettings,
+    StageSettings,
+    StrategySettings,
+)
 from overdrive.resolve.process import ProcessPlan
 from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
 
@@ -130,11 +137,12 @@ def launched_parallelism(launched: dict[str, Any], fsdp_plugin: FullyShardedData
     return fsdp_plugin, parallelism_config
 
 
-def strategy_settings(parallel: Parallelism, ddp: DistributedDataParallelKwargs | None) -> Any:
+def strategy_settings(parallel: Parallelism, ddp: DistributedDataParallelKwargs | None) -> StrategySettings:
     """The chosen strategy's own settings (the pipeline's with its stage strategy's inside)."""
     ddp_settings = DDPSettings(options=copy.copy(ddp) if ddp is not None else DistributedDataParallelKwargs())
     fsdp = copy.copy(parallel.fsdp) if parallel.fsdp is not None else FullyShardedDataParallelPlugin()
-    by_name = {"single": SingleSettings(), "ddp": ddp_settings, "fsdp2": FSDP2Settings(fsdp=fsdp)}
+    by_name: dict[str, StageSettings] = {"single": SingleSettings(), "ddp": ddp_settings,
+                                         "fsdp2": FSDP2Settings(fsdp=fsdp)}
     if parallel.pipeline is None:
         return by_name[parallel.strategy]
     from overdrive.transforms.pipeline.schedule import (

@@ -9,24 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from overdrive.config import (
+    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
+    InitProcessGroupKwargs,
     ProfileKwargs,
     ProjectConfiguration,
+    TERecipeKwargs,
 )
 from overdrive.precision import PrecisionPolicy
+from overdrive.resolve.deepspeed import DeepSpeedSettings
 from overdrive.runtime.mesh import ParallelDims
-from overdrive.transforms.path import ModelTransforms
-
-if TYPE_CHECKING:
-    from overdrive.config import AORecipeKwargs, TERecipeKwargs
+from overdrive.transforms.settings import ModelTransforms
 
 
 # -- each strategy's own settings, typed: a misspelt setting is a TypeError, not silently dropped -----------
@@ -49,6 +50,10 @@ class FSDP2Settings:
     fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
 
 
+#: the settings of a strategy that can wrap a pipeline stage
+StageSettings = SingleSettings | DDPSettings | FSDP2Settings
+
+
 @dataclass(frozen=True)
 class PipelineStrategySettings:
     """A resolved pipeline: its schedule, and the strategy (with its settings) that wraps each stage."""
@@ -57,7 +62,7 @@ class PipelineStrategySettings:
     num_microbatches: int
     stages_per_rank: int
     stage_strategy: str
-    stage_settings: Any
+    stage_settings: StageSettings
     split_points: tuple[str, ...] | None = None
     balance: str = "layers"
     loss_fn: Callable[..., Any] | None = None
@@ -65,6 +70,10 @@ class PipelineStrategySettings:
     sync_module_states: bool = True
     #: the pipeline rank holding the last stage, whose outputs count when results are gathered
     output_pp_rank: int = 0
+
+
+#: the settings of any built-in strategy (``TrainingPlan.strategy_settings``)
+StrategySettings = SingleSettings | DDPSettings | FSDP2Settings | PipelineStrategySettings | DeepSpeedSettings
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ class TrainingPlan:
     log_with: tuple[Any, ...] = ()
     #: the strategy's own typed settings (``SingleSettings``, ``DDPSettings``, ``FSDP2Settings``,
     #: ``PipelineStrategySettings`` or DeepSpeed's ``DeepSpeedSettings``)
-    strategy_settings: Any = field(default_factory=SingleSettings)
+    strategy_settings: StrategySettings = field(default_factory=SingleSettings)
     #: the model path every strategy runs: tensor parallel, activation checkpointing, compile, precision
     transforms: ModelTransforms = field(default_factory=ModelTransforms)
     #: how the processes divide the work (plain DDP: dp_replicate = every process)
@@ -98,14 +107,14 @@ class TrainingPlan:
     #: whether the job asked for a device mesh (a parallelism config, FSDP or tensor parallel)
     uses_mesh: bool = False
     cp_comm_strategy: str = "allgather"
-    #: with DeepSpeed: the plugins and the settings that fill their "auto" values (a ``DeepSpeedSettings``)
-    deepspeed: Any = None
+    #: with DeepSpeed: the plugins and the settings that fill their "auto" values
+    deepspeed: DeepSpeedSettings | None = None
     #: with mixed_precision="fp8": the recipe (``AORecipeKwargs`` / ``TERecipeKwargs``, defaults filled in)
     fp8: AORecipeKwargs | TERecipeKwargs | None = None
     #: the FSDP plugin given (a copy), or None: what ``AcceleratorState.fsdp_plugin`` reports
     fsdp: FullyShardedDataParallelPlugin | None = None
     #: the ``InitProcessGroupKwargs`` given, or None: what ``Accelerator.init_handler`` reports
-    init_kwargs: Any = None
+    init_kwargs: InitProcessGroupKwargs | None = None
 
     @property
     def dynamo_backend(self) -> str | None:

@@ -34,7 +34,7 @@ from overdrive.resolve.parallelism import (
 )
 from overdrive.resolve.plan import TrainingPlan
 from overdrive.resolve.process import ProcessPlan
-from overdrive.transforms.path import CompileSettings, ModelTransforms
+from overdrive.transforms.settings import CompileSettings, ModelTransforms
 
 if TYPE_CHECKING:
     from overdrive.config import (

@@ -1,5 +1,11 @@
 """How training is parallel: one module per strategy, chosen by name from the registry."""
 
-from overdrive.strategies.base import Strategy, create_strategy, register_strategy
+from overdrive.strategies.base import (
+    Strategy,
+    StrategyBase,
+    StrategyContext,
+    create_strategy,
+    register_strategy,
+)
 
-__all__ = ["Strategy", "create_strategy", "register_strategy"]
+__all__ = ["Strategy", "StrategyBase", "StrategyContext", "create_strategy", "register_strategy"]

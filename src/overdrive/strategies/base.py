@@ -1,30 +1,34 @@
-"""The strategy protocol and its registry.
+"""The strategy base class and its registry.
 
 A strategy wraps models for its kind of parallelism and answers the few questions the Accelerator
-asks of it. A new strategy is one module plus one ``register_strategy`` call.
+asks of it. :class:`StrategyBase` holds the defaults (one process's answers); a strategy overrides what
+differs, and changes the model path by naming the steps it replaces (:meth:`StrategyBase.path_overrides`).
+A new strategy is one module plus one ``register_strategy`` call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import nn
 
 from overdrive.accumulation import NO_CONTEXT
 from overdrive.config import DistributedType
+from overdrive.transforms.path import ModelPath, PathStep, Replaced
 
 if TYPE_CHECKING:
     from overdrive.accumulation import AccumulationWindow
+    from overdrive.precision.amp import AmpPrecision
     from overdrive.runtime.mesh import ParallelMesh
     from overdrive.state import PluginSelection
     from overdrive.transforms.hooks import HookRegistry
-    from overdrive.transforms.path import ModelTransforms
+    from overdrive.transforms.settings import ModelTransforms
 
 
 @dataclass(frozen=True)
@@ -33,90 +37,115 @@ class StrategyContext:
 
     device: torch.device
     mesh: ParallelMesh
-    #: the Accelerator's ``AmpPrecision``: autocast hooks and the loss scaler
-    precision: Any
+    #: the Accelerator's autocast hooks and loss scaler
+    precision: AmpPrecision
     #: the model path's settings, the same for every strategy
     transforms: ModelTransforms
     #: where the hooks put on prepared models are filed, so unwrap_model / free_memory remove them
     hooks: HookRegistry
     window: AccumulationWindow
     #: parameters fp8 conversion replaced (``id(old) -> (weakref(old), new)``), for ``prepare_optimizer``
-    fp8_replaced: dict[int, Any] = field(default_factory=dict)
+    fp8_replaced: Replaced = field(default_factory=dict)
     #: which of the plan's named plugins the next ``prepare()`` uses (DeepSpeed's), or None: runtime state
     #: owned by the Accelerator's state, so the plan stays frozen
     plugin_selection: PluginSelection | None = None
 
 
-class Strategy(Protocol):
-    """What the Accelerator needs from a kind of parallelism."""
+class StrategyBase:
+    """What the Accelerator needs from a kind of parallelism, with one process's answers as defaults: the
+    model path with no step overridden, the user's parameters and module as they are, the precision's
+    ``backward`` (the loss scaler's under fp16) and no gradient synchronisation to control.
 
-    name: str
-    #: what ``Accelerator.distributed_type`` reports; None: the device's MULTI_* (or NO).
-    distributed_type: DistributedType | None
-    #: an engine that keeps the state of the models, optimizers and schedulers it owns in its own checkpoint
-    #: format (DeepSpeed), saved into and loaded from the checkpoint folder; None for the others.
-    engine_checkpoint: EngineCheckpoint | None
+    A strategy subclasses it, names its settings type, and overrides what differs; ``create_strategy``
+    builds it as ``cls(context, settings)``."""
+
+    #: the registry name
+    name: ClassVar[str] = "base"
+    #: the type of the settings this strategy takes (a dataclass in ``resolve/plan.py``); others are refused
+    settings_type: ClassVar[type] = object
     #: whether ``backward`` does more than ``precision.backward(loss)`` (DeepSpeed: the engine's backward and
     #: step); when False and no loss scale is used, the Accelerator calls ``loss.backward()`` itself (one call
-    #: per micro-batch instead of three: it is the hot path). A strategy without the attribute counts as True.
-    owns_backward: bool
+    #: per micro-batch instead of three: it is the hot path)
+    owns_backward: ClassVar[bool] = False
+    #: what the refusal of a model on the meta device suggests besides materialising it
+    meta_remedy: ClassVar[str] = ""
+    #: an engine that keeps the state of the models, optimizers and schedulers it owns in its own checkpoint
+    #: format (DeepSpeed), saved into and loaded from the checkpoint folder; None for the others
+    engine_checkpoint: EngineCheckpoint | None = None
 
+    def __init__(self, context: StrategyContext, settings: Any) -> None:
+        self.context = context
+        self.device = context.device
+        self.settings = settings
+
+    @property
+    def distributed_type(self) -> DistributedType | None:
+        """What ``Accelerator.distributed_type`` reports; None: the device's MULTI_* (or NO)."""
+        return None
+
+    @property
+    def no_sync_does_nothing(self) -> bool:
+        """Whether ``no_sync`` is the shared do-nothing context (the Accelerator then skips calling it)."""
+        return type(self).no_sync is StrategyBase.no_sync
+
+    # -- the objects ----------------------------------------------------------------------------------
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """Everything given to one ``prepare()`` call, before each object is prepared on its own; returns the
         list with the objects this strategy builds together replaced (DeepSpeed: model, optimizer and
-        scheduler become an engine, its optimizer and its scheduler). Identity for the others."""
-        ...
+        scheduler become an engine, its optimizer and its scheduler). By default ``objects`` as they are."""
+        return objects
 
-    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
-        """Back-propagate ``loss`` (already divided over the accumulation window): ``precision.backward``,
-        or an engine's backward, which also steps at the end of a window (``sync_gradients``)."""
+    def path_overrides(self) -> Mapping[str, PathStep]:
+        """The model path's steps this strategy replaces, by name (``transforms.path.STEPS``); none by default."""
+        return {}
+
+    def model_path(self, device_placement: bool = True, evaluation_mode: bool = False) -> ModelPath:
+        """The model path for one model, with this strategy's :meth:`path_overrides`."""
+        c = self.context
+        return ModelPath(c.mesh, c.transforms, device=c.device, precision=c.precision, hooks=c.hooks,
+                         device_placement=device_placement, evaluation_mode=evaluation_mode,
+                         fp8_replaced=c.fp8_replaced, meta_remedy=self.meta_remedy, overrides=self.path_overrides())
 
     def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
-        """The model as it trains under this strategy: the model path (``transforms.path``) run on it.
-        ``evaluation_mode`` leaves out a data-parallel wrapper that only serves training (DDP)."""
-        ...
+        """The model as it trains under this strategy: the model path run on it. ``evaluation_mode`` leaves
+        out a data-parallel wrapper that only serves training (DDP)."""
+        return self.model_path(device_placement, evaluation_mode).run(model)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
-        """The user's module inside whatever ``wrap_model`` returned."""
-        ...
-
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Accumulate gradients locally, without synchronising them across processes."""
-        ...
-
-    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Synchronise gradients in this backward even inside ``no_sync``."""
-        ...
-
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
-                        norm_type: float) -> torch.Tensor:
-        """Clip by the norm of the whole model's gradient (across processes) and return that norm."""
-        ...
+        """The user's module inside whatever ``wrap_model`` returned: ``model`` itself by default, since every
+        transform of the model path works in place."""
+        return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
-        """The optimizer pointed at the parameters the wrapped ``models`` train (sharding replaces them)."""
-        ...
+        """The optimizer pointed at the parameters the wrapped ``models`` train (sharding replaces them); by
+        default ``optimizer`` as it is: the model path keeps the user's parameters."""
+        return optimizer
 
-
-class LocalGradients:
-    """The gradient half of :class:`Strategy` for strategies that need no per-backward control of gradient
-    synchronisation: ``backward`` is the precision's (the loss scaler's under fp16), ``no_sync`` and
-    ``sync_in_backward`` are contexts that do nothing. One process has nothing to synchronise; a pipeline's
-    schedule reduces at each step's end; DeepSpeed's engine is told in its own ``backward``."""
-
-    owns_backward = False  # backward is the precision's: loss.backward(), scaled under fp16
-
-    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
-        """``precision.backward(loss)`` (the loss scaler's backward under fp16)."""
+    # -- gradients ------------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, precision: AmpPrecision, sync_gradients: bool, **kwargs: Any) -> None:
+        """Back-propagate ``loss`` (already divided over the accumulation window): by default
+        ``precision.backward(loss)`` (the loss scaler's backward under fp16)."""
         precision.backward(loss, **kwargs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """A context that does nothing: there is nothing to hold back."""
+        """Accumulate gradients locally, without synchronising them across processes; by default a context
+        that does nothing: there is nothing to hold back."""
         return NO_CONTEXT  # (shared: it holds no state; no object is built per micro-batch)
 
     def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """A context that does nothing: every backward already synchronises what it must."""
+        """Synchronise gradients in this backward even inside ``no_sync``; by default a context that does
+        nothing: every backward already synchronises what it must."""
         return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float) -> torch.Tensor:
+        """Clip by the norm of the whole model's gradient (across processes) and return that norm; by default
+        ``torch.nn.utils.clip_grad_norm_``: every gradient is whole in this process."""
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+
+#: the former name of ``StrategyBase`` (the type the Accelerator holds)
+Strategy = StrategyBase
 
 
 class EngineCheckpoint(Protocol):
@@ -138,7 +167,7 @@ class EngineCheckpoint(Protocol):
 
 
 # name -> "module:attribute", imported on first use so unused strategies cost nothing at import.
-_REGISTRY: dict[str, str | Callable[..., Strategy]] = {
+_REGISTRY: dict[str, str | type[StrategyBase]] = {
     "single": "overdrive.strategies.single:SingleDeviceStrategy",
     "ddp": "overdrive.strategies.ddp:DDPStrategy",
     "fsdp2": "overdrive.strategies.fsdp2:FSDP2Strategy",
@@ -147,22 +176,27 @@ _REGISTRY: dict[str, str | Callable[..., Strategy]] = {
 }
 
 
-def register_strategy(name: str, factory: str | Callable[..., Strategy]) -> None:
-    """Add a strategy under ``name``: a callable, or a ``"module:attribute"`` path to one."""
+def register_strategy(name: str, factory: str | type[StrategyBase]) -> None:
+    """Add a strategy under ``name``: a :class:`StrategyBase` subclass, or a ``"module:attribute"`` path to one."""
+    if not isinstance(factory, str) and not (isinstance(factory, type) and issubclass(factory, StrategyBase)):
+        raise TypeError(f"register_strategy({name!r}, {factory!r}): a strategy is a subclass of "
+                        "overdrive.strategies.StrategyBase (or a 'module:attribute' path to one)")
     _REGISTRY[name] = factory
 
 
-def create_strategy(name: str, context: StrategyContext, settings: Any) -> Strategy:
-    """Build the strategy registered as ``name`` with its own ``settings`` (a strategy class may name their
-    type as ``settings_type``; other settings are refused)."""
+def create_strategy(name: str, context: StrategyContext, settings: Any) -> StrategyBase:
+    """Build the strategy registered as ``name`` with its own ``settings`` (of its ``settings_type``; other
+    settings are refused)."""
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"unknown strategy {name!r}; registered strategies: {', '.join(sorted(_REGISTRY))}")
     if isinstance(factory, str):
         module, _, attribute = factory.partition(":")
         factory = getattr(importlib.import_module(module), attribute)
+        if not (isinstance(factory, type) and issubclass(factory, StrategyBase)):
+            raise TypeError(f"strategy {name!r} ({_REGISTRY[name]}) is not a subclass of StrategyBase")
         _REGISTRY[name] = factory
-    expected = getattr(factory, "settings_type", None)
-    if expected is not None and not isinstance(settings, expected):
+    expected = factory.settings_type
+    if not isinstance(settings, expected):
         raise TypeError(f"strategy {name!r} takes {expected.__name__} settings, got {type(settings).__name__}")
     return factory(context, settings)

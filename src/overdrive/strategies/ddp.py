@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -17,11 +17,13 @@ from overdrive.resolve import DDPSettings
 from overdrive.runtime.group import world_size
 from overdrive.strategies.base import StrategyContext
 from overdrive.strategies.single import SingleDeviceStrategy
+from overdrive.transforms.path import ModelPath, PathStep
 
 
 class DDPStrategy(SingleDeviceStrategy):
-    """The single-device strategy plus DDP's wrapping and synchronisation; the rest (clipping, optimizer,
-    backward) is the same, since DDP leaves identical gradients on every rank."""
+    """The single-device strategy plus DDP's wrapping (the model path's ``data_parallel`` step) and
+    synchronisation; the rest (clipping, optimizer, backward) is the same, since DDP leaves identical
+    gradients on every rank."""
 
     name = "ddp"
     settings_type = DDPSettings
@@ -34,9 +36,14 @@ class DDPStrategy(SingleDeviceStrategy):
         group = context.mesh.get("dp")
         self.process_group = group.get_group() if group is not None else None
 
-    def data_parallel(self, model: nn.Module) -> nn.Module:
-        """The last step of the model path: ``DistributedDataParallel`` around the transformed model."""
-        if not any(p.requires_grad for p in model.parameters()):
+    def path_overrides(self) -> Mapping[str, PathStep]:
+        """``data_parallel``: ``DistributedDataParallel`` around the transformed model."""
+        return {"data_parallel": self.data_parallel}
+
+    def data_parallel(self, path: ModelPath, model: nn.Module) -> nn.Module:
+        """The model path's last step: ``DistributedDataParallel`` around the transformed model (not in
+        evaluation mode, nor for a model with nothing to train)."""
+        if path.evaluation_mode or not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (e.g. a frozen model used for evaluation)
         device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=self.process_group,

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -23,25 +23,24 @@ from torch import nn
 from overdrive.config import DistributedType
 from overdrive.resolve import FSDP2Settings
 from overdrive.runtime import group as process_group
-from overdrive.strategies.base import LocalGradients, StrategyContext
-from overdrive.transforms.path import apply_model_path
+from overdrive.strategies.base import StrategyBase, StrategyContext
+from overdrive.transforms.path import ModelPath, PathStep, refuse_meta, skip
 
 _META_REMEDY = (", or let rank 0 hold the weights and pass FullyShardedDataParallelPlugin("
                 "cpu_ram_efficient_loading=True) with data-parallel sharding")
 
 
-class FSDP2Strategy(LocalGradients):
+class FSDP2Strategy(StrategyBase):
     """FSDP2 (``fully_shard``), HSDP, tensor and context parallel over the job's mesh (see the module).
-    ``backward`` is the precision's (``LocalGradients``): FSDP2's hooks reduce-scatter the gradients during
-    it, unless ``no_sync`` turned that off."""
+    ``backward`` is the precision's (the default): FSDP2's hooks reduce-scatter the gradients during it,
+    unless ``no_sync`` turned that off."""
 
     name = "fsdp2"
     settings_type = FSDP2Settings
-    engine_checkpoint = None
+    meta_remedy = _META_REMEDY
 
     def __init__(self, context: StrategyContext, settings: FSDP2Settings) -> None:
-        self.context = context
-        self.device = context.device
+        super().__init__(context, settings)
         self.mesh = context.mesh
         self.fsdp = settings.fsdp
         # id(original parameter) -> (weak references to it and to the module that owns it, attribute name)
@@ -58,31 +57,70 @@ class FSDP2Strategy(LocalGradients):
         return self.mesh.fsdp_mesh() is not None
 
     # -- the model ---------------------------------------------------------------------------------
-    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
-        """The model path with ``fully_shard`` as its data-parallel step (also in evaluation mode: the
-        parameters are sharded either way)."""
-        efficient = self.fsdp.cpu_ram_efficient_loading and self.shards_parameters
-        full: dict[str, torch.Tensor] = {}
-        extra: dict[str, torch.Tensor] = {}
-        if efficient:
-            self._record_owners(model)
-            full, extra = _take_full_state(model)
-            model.to("meta")
-        c = self.context
-        device = None if efficient else self.device
-        if not efficient and self.fsdp.sync_module_states and self.mesh.dims.world_size > 1:
-            model = _placed(model, device)
+    def path_overrides(self) -> Mapping[str, PathStep]:
+        """The model path's steps FSDP2 replaces:
+
+        - ``placement``: always on the device (``fully_shard`` needs the parameters there), then made equal
+          on every rank (``sync_module_states``); with ``cpu_ram_efficient_loading`` instead: rank 0's
+          weights kept aside and the model moved to the meta device (rank-0 loading);
+        - ``precision_hooks`` when parameters are sharded: none, FSDP2's ``MixedPrecisionPolicy`` casts;
+        - ``fp8`` under rank-0 loading: none (float8 weights cannot be on the meta device);
+        - ``parallelize``: which module holds each parameter is recorded first, so that optimizers can be
+          pointed at what tensor parallel and ``fully_shard`` put there;
+        - ``data_parallel``: ``fully_shard`` over the mesh (in evaluation mode too), then under rank-0
+          loading the weights sent from rank 0."""
+        if not self._loads_from_rank0:
+            overrides: dict[str, PathStep] = {"placement": self._place, "parallelize": self._record_then_parallelize}
+            if self.shards_parameters:
+                overrides.update(precision_hooks=skip, data_parallel=_fully_shard)
+            return overrides
+        kept: list[dict[str, torch.Tensor]] = []  # rank 0's full weights and non-persistent buffers
+
+        def placement(path: ModelPath, model: nn.Module) -> nn.Module:
+            kept.extend(self._to_meta_keeping_rank0_weights(model))
+            return model.to("meta")
+
+        def data_parallel(path: ModelPath, model: nn.Module) -> nn.Module:
+            from overdrive.transforms.fully_shard import load_from_rank0
+
+            full, extra = kept if kept else ({}, {})
+            model = path.fully_shard(model)
+            load_from_rank0(model, full, extra, self.device)
+            return model
+
+        return {"placement": placement, "precision_hooks": skip, "fp8": skip, "data_parallel": data_parallel}
+
+    @property
+    def _loads_from_rank0(self) -> bool:
+        return self.fsdp.cpu_ram_efficient_loading and self.shards_parameters
+
+    def model_path(self, device_placement: bool = True, evaluation_mode: bool = False) -> ModelPath:
+        """The model path with FSDP2's overrides (see :meth:`path_overrides`); the model is placed whatever
+        ``device_placement`` says (``fully_shard`` needs it on the device), except under rank-0 loading."""
+        return super().model_path(not self._loads_from_rank0, evaluation_mode)
+
+    def _place(self, path: ModelPath, model: nn.Module) -> nn.Module:
+        model = path.move(model)
+        if self.fsdp.sync_module_states and self.mesh.dims.world_size > 1:
             from overdrive.transforms.fully_shard import broadcast_module_states
 
             broadcast_module_states(model)
-        model = apply_model_path(model, self.mesh, c.transforms, device=device, precision=c.precision,
-                                 hooks=c.hooks, meta_remedy=_META_REMEDY, fp8_replaced=c.fp8_replaced,
-                                 before_parallel=None if efficient else self._record_owners)
-        if efficient:
-            from overdrive.transforms.fully_shard import load_from_rank0
-
-            load_from_rank0(model, full, extra, self.device)
         return model
+
+    def _to_meta_keeping_rank0_weights(self, model: nn.Module) -> list[dict[str, torch.Tensor]]:
+        """Record the parameters' owners; on rank 0 return its full weights and non-persistent buffers (the
+        other ranks may hold the model on the meta device)."""
+        from overdrive.transforms.fully_shard import non_persistent_buffers
+
+        self._record_owners(model)
+        if process_group.rank() != 0:
+            return []
+        refuse_meta(model, " (cpu_ram_efficient_loading: rank 0 must hold the real weights)")
+        return [model.state_dict(), non_persistent_buffers(model)]
+
+    def _record_then_parallelize(self, path: ModelPath, model: nn.Module) -> nn.Module:
+        self._record_owners(model, path.replaced)
+        return path.parallelize(model)
 
     def _record_owners(self, model: nn.Module, replaced: dict[int, Any] | None = None) -> None:
         """Remember which module attribute holds each parameter, so that an optimizer built on them can be
@@ -95,10 +133,6 @@ class FSDP2Strategy(LocalGradients):
         for old_id, (old_ref, new) in (replaced or {}).items():
             if id(new) in where:
                 self._owners[old_id] = (old_ref, *where[id(new)])
-
-    def unwrap_model(self, model: nn.Module) -> nn.Module:
-        """``model`` itself: ``fully_shard`` and the other transforms work in place."""
-        return model  # every transform is in place
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
         """Point ``optimizer`` at the sharded parameters that replaced the ones it was built with."""
@@ -116,10 +150,6 @@ class FSDP2Strategy(LocalGradients):
             raise ValueError("prepare() got an optimizer that has already stepped: its state belongs to the "
                              "unsharded parameters; prepare the optimizer before its first step")
         return new
-
-    def prepare_together(self, objects: list[Any]) -> list[Any]:
-        """``objects`` as they are: each is prepared on its own."""
-        return objects  # each object is prepared on its own
 
     # -- gradient synchronisation ------------------------------------------------------------------
     @contextlib.contextmanager
@@ -216,23 +246,5 @@ def total_grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor
     return torch.stack(norms).pow(norm_type).sum().pow(1.0 / norm_type)
 
 
-def _take_full_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Rank 0's full weights and non-persistent buffers (empty elsewhere: other ranks may be on meta)."""
-    from overdrive.transforms.fully_shard import non_persistent_buffers
-
-    if process_group.rank() != 0:
-        return {}, {}
-    on_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
-    if on_meta:
-        raise ValueError(f"cpu_ram_efficient_loading: rank 0 must hold the real weights, but {len(on_meta)} "
-                         f"parameters are on the meta device ({', '.join(on_meta[:5])})")
-    return model.state_dict(), non_persistent_buffers(model)
-
-
-def _placed(model: nn.Module, device: torch.device | None) -> nn.Module:
-    """``model`` on ``device`` before the model path, so its states can be broadcast (the path's placement
-    then has nothing left to move; it still refuses a model on the meta device first)."""
-    from overdrive.transforms.path import refuse_meta
-
-    refuse_meta(model, _META_REMEDY)
-    return model.to(device) if device is not None else model
+def _fully_shard(path: ModelPath, model: nn.Module) -> nn.Module:
+    return path.fully_shard(model)

@@ -18,29 +18,29 @@ from torch import nn
 
 from overdrive.config import DistributedType
 from overdrive.resolve import PipelineStrategySettings
-from overdrive.strategies.base import LocalGradients, StrategyContext, create_strategy
+from overdrive.strategies.base import StrategyBase, StrategyContext, create_strategy
+from overdrive.transforms.path import ModelPath
 from overdrive.transforms.pipeline.model import PipelinedModel, apply_pipeline
 from overdrive.transforms.pipeline.schedule import PipelineRuntime
 
 
-class PipelineStrategy(LocalGradients):
+class PipelineStrategy(StrategyBase):
     """Pipeline parallel over the mesh's ``pp`` axis; a stage strategy wraps each stage (see the module).
 
-    Gradients (``LocalGradients``): the pipelined model's forward already ran the backward of its loss
+    Gradients (the defaults): the pipelined model's forward already ran the backward of its loss
     (whose autograd node is then a no-op), so ``backward`` only back-propagates terms added to the loss
     outside the model. ``no_sync`` does nothing: torch's schedules reduce gradients at the end of every
     step, and reducing a sum of steps again is still exact (the reduction is linear)."""
 
     name = "pipeline"
     settings_type = PipelineStrategySettings
-    engine_checkpoint = None
 
     def __init__(self, context: StrategyContext, settings: PipelineStrategySettings) -> None:
-        self.context = context
-        self.device, self.mesh = context.device, context.mesh
+        super().__init__(context, settings)
+        self.mesh = context.mesh
         mesh, pp = context.mesh, context.mesh.get("pp")
         # everything was resolved by the plan: this only adds this process's place in the pipeline
-        self.settings = PipelineRuntime(
+        self.runtime = PipelineRuntime(
             schedule=settings.schedule, num_microbatches=settings.num_microbatches,
             stages_per_rank=settings.stages_per_rank, device=context.device, pp_size=mesh.size("pp"),
             pp_rank=mesh.rank("pp"), pp_group=pp.get_group() if pp is not None else None,
@@ -50,7 +50,7 @@ class PipelineStrategy(LocalGradients):
         # it is on the device; the stage strategy then has nothing to synchronise.
         self.sync_module_states = settings.sync_module_states
         self.stage_strategy = create_strategy(settings.stage_strategy, context, settings.stage_settings)
-        self.settings.no_sync = self.stage_strategy.no_sync
+        self.runtime.no_sync = self.stage_strategy.no_sync
         self._models: list[PipelinedModel] = []
         # ids of the parameters of the models cut into stages, and of those this rank's stages hold
         self._cut: set[int] = set()
@@ -63,23 +63,36 @@ class PipelineStrategy(LocalGradients):
 
     # -- the model ---------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
-        """Cut ``model`` into stages; each of this rank's stages goes through the stage strategy's model path."""
+        """Cut ``model`` into stages; each of this rank's stages goes through the stage strategy's model path
+        with the pipeline's placement in front (:meth:`stage_path`)."""
         self._cut |= {id(p) for p in model.parameters()}
-        settings = dataclasses.replace(self.settings)  # each model its own cut and tied weights
+        settings = dataclasses.replace(self.runtime)  # each model its own cut and tied weights
         pipelined = apply_pipeline(model, settings,
-                                   lambda stage: self._wrap_stage(stage, settings, evaluation_mode))
+                                   lambda stage: self.stage_path(settings, device_placement, evaluation_mode).run(stage))
         self._models.append(pipelined)
         return pipelined
 
-    def _wrap_stage(self, stage: nn.Module, settings: PipelineRuntime, evaluation_mode: bool) -> nn.Module:
-        self._mine |= {id(p) for p in stage.parameters()}
-        stage.to(self.device)  # the stage only: the rest of the model stays where it was built
-        if self.sync_module_states:
-            from overdrive.transforms.pipeline.ties import broadcast_stage
+    def stage_path(self, settings: PipelineRuntime, device_placement: bool = True,
+                   evaluation_mode: bool = False) -> ModelPath:
+        """The stage strategy's model path for one stage of this rank, its ``placement`` overridden: the stage
+        alone on the device (the rest of the model stays where it was built; as it is with
+        ``device_placement=False``), made equal over the processes holding it (tied weights over their stages,
+        ``sync_module_states``), then the stage strategy's own placement."""
+        path = self.stage_strategy.model_path(device_placement, evaluation_mode)
+        stage_placement = path.step("placement")
 
-            stage_group = self.mesh.get("dp_cp_tp")
-            broadcast_stage(stage, stage_group.get_group() if stage_group is not None else None, settings.ties)
-        return self.stage_strategy.wrap_model(stage, evaluation_mode=evaluation_mode)
+        def placement(path: ModelPath, stage: nn.Module) -> nn.Module:
+            self._mine |= {id(p) for p in stage.parameters()}
+            stage = path.placement(stage)
+            if self.sync_module_states:
+                from overdrive.transforms.pipeline.ties import broadcast_stage
+
+                stage_group = self.mesh.get("dp_cp_tp")
+                broadcast_stage(stage, stage_group.get_group() if stage_group is not None else None, settings.ties)
+            return stage_placement(stage)
+
+        path.override("placement", placement)
+        return path
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's model class holding this rank's (first) stage."""
@@ -90,10 +103,6 @@ class PipelineStrategy(LocalGradients):
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) not in self._cut or id(p) in self._mine]
         return self.stage_strategy.prepare_optimizer(optimizer, models)
-
-    def prepare_together(self, objects: list[Any]) -> list[Any]:
-        """``objects`` as they are: each is prepared on its own."""
-        return objects  # each object is prepared on its own
 
     # -- gradients ---------------------------------------------------------------------------------
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
@@ -109,7 +118,7 @@ class PipelineStrategy(LocalGradients):
         again = {i for m in self._models for i in counted_elsewhere(m, m.settings.ties, m.settings.pp_rank)}
         local = total_grad_norm([grad for group in groups for p in group
                                  if id(p) not in again and (grad := p.grad) is not None], norm_type)
-        total = combine_norms(local.to(self.device), float(norm_type), self.settings.pp_group)
+        total = combine_norms(local.to(self.device), float(norm_type), self.runtime.pp_group)
         with implicit_replication():
             for group in groups:
                 torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)

@@ -13,13 +13,12 @@ FSDP2, DeepSpeed) run outside the graph, and modules of torch's own classes (``n
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from overdrive.transforms.path import CompileSettings
+from overdrive.transforms.settings import CompileSettings
 
 
 def apply_compile(model: nn.Module, blocks: list[nn.Module], settings: CompileSettings) -> list[nn.Module]:

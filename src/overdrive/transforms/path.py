@@ -1,75 +1,54 @@
-"""The one model path: what ``prepare()`` does to a model, in one fixed order, under every strategy.
+"""The one model path: what ``prepare()`` does to a model, as named steps in one fixed order.
 
-1. placement on the device (a model on the meta device is refused here, and only here);
-2. precision hooks (autocast around forward) unless FSDP2's ``MixedPrecisionPolicy`` does it;
-3. fp8 conversion (the hook point for ``ModelTransforms.fp8``);
-4. tensor parallel (context parallel changes no module);
-5. activation checkpointing of the repeated blocks;
-6. compile, in place: the whole model, or each repeated block (regional compilation);
-7. data parallel: FSDP2's ``fully_shard`` over the mesh, or the strategy's wrapper (DDP).
+===========================  =========================================================================
+step                         default (what a strategy that overrides nothing gets)
+===========================  =========================================================================
+``placement``                the model on the device (unless ``device_placement=False``); a model with
+                             parameters on the meta device is refused by :func:`refuse_meta`, the one
+                             refusal, which only placement steps call
+``precision_hooks``          autocast around forward (filed in the ``HookRegistry``)
+``fp8``                      fp8 conversion of the linear layers (with an fp8 recipe, after placement)
+``parallelize``              tensor parallel (context parallel changes no module)
+``activation_checkpointing`` checkpointing of the repeated blocks (``transforms/blocks.py``)
+``compile``                  ``torch.compile`` in place: the whole model, or each block (regional)
+``data_parallel``            nothing (one process); DDP's wrapper, FSDP2's ``fully_shard``
+===========================  =========================================================================
 
-Steps 4-7 are :func:`overdrive.transforms.apply_parallelism`. The strategies differ only in step 7, so
-compile and activation checkpointing mean the same whatever the strategy. DeepSpeed runs
-``apply_parallelism`` on the model before it builds the engine, which then does steps 1-2 and 7 itself
-(placement, its bf16 / fp16 block, ZeRO).
+A strategy changes a step by name (``StrategyBase.path_overrides``): an override is a function
+``(path, model) -> model`` that may call the default (``path.placement(model)``, ...) before or after
+its own work, or :func:`skip` it. So compile and activation checkpointing mean the same under every
+strategy, and what a strategy does differently is listed in one place per strategy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from overdrive.config import FullyShardedDataParallelPlugin
-from overdrive.precision import PrecisionPolicy
+from overdrive.transforms.settings import ModelTransforms
 
 if TYPE_CHECKING:
+    from overdrive.precision.amp import AmpPrecision
     from overdrive.runtime.mesh import ParallelMesh
     from overdrive.transforms.hooks import HookRegistry
 
+#: the model path's steps, in the order they run
+STEPS = ("placement", "precision_hooks", "fp8", "parallelize", "activation_checkpointing", "compile",
+         "data_parallel")
 
-@dataclass(frozen=True)
-class CompileSettings:
-    """``torch.compile`` options (from ``TorchDynamoPlugin`` or ``dynamo_backend``), resolved."""
-
-    backend: str = "inductor"
-    mode: str | None = None
-    fullgraph: bool = False
-    dynamic: bool | None = None
-    options: dict[str, Any] | None = None
-    disable: bool = False
-    #: compile each repeated block (once per distinct block class) instead of the whole model
-    regional: bool = False
-
-    def to_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``torch.compile`` / ``Module.compile``."""
-        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic,
-                                  "disable": self.disable}
-        if self.mode not in (None, "default"):
-            kwargs["mode"] = self.mode
-        if self.options:
-            kwargs["options"] = dict(self.options)
-        return kwargs
+#: a strategy's replacement for a step: ``(path, model) -> model``
+PathStep = Callable[["ModelPath", nn.Module], nn.Module]
+#: parameters fp8 conversion replaced: ``id(old) -> (weakref(old), new)``
+Replaced = dict[int, tuple[weakref.ref, nn.Parameter]]
 
 
-@dataclass(frozen=True)
-class ModelTransforms:
-    """What to do to every prepared model, independent of the model and of the strategy."""
-
-    tp_plan: dict[str, str] | None = None
-    sequence_parallel: bool = False
-    activation_checkpointing: bool = False
-    #: class names of the blocks to checkpoint and compile (default: FSDP's wrap names, else the repeated blocks)
-    block_names: tuple[str, ...] = ()
-    compile: CompileSettings | None = None
-    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
-    precision: PrecisionPolicy = field(default_factory=PrecisionPolicy)
-    #: the fp8 recipe (``AORecipeKwargs`` / ``TERecipeKwargs``): ``precision.fp8.apply_fp8`` converts the linear
-    #: layers right after placement, so tensor parallel, compile and data parallel see float8 modules
-    fp8: Any = None
+def skip(path: ModelPath, model: nn.Module) -> nn.Module:
+    """An override that leaves a step out (e.g. DeepSpeed's engine places the model and runs its precision)."""
+    return model
 
 
 def refuse_meta(model: nn.Module, remedy: str = "") -> None:
@@ -82,58 +61,100 @@ def refuse_meta(model: nn.Module, remedy: str = "") -> None:
             f"first (model.to_empty(device=...) then load its weights){remedy}")
 
 
-def apply_model_path(model: nn.Module, mesh: ParallelMesh, transforms: ModelTransforms, *,
-                     device: torch.device | None, precision: Any, hooks: HookRegistry,
-                     data_parallel: Callable[[nn.Module], nn.Module] | None = None, meta_remedy: str = "",
-                     fp8_replaced: dict[int, Any] | None = None,
-                     before_parallel: Callable[[nn.Module, dict[int, Any]], None] | None = None) -> nn.Module:
-    """Run the model path on ``model``; return what trains (``model`` itself unless ``data_parallel``
-    wraps it). ``device=None`` skips placement (the model is already where it belongs: on the meta
-    device for FSDP's rank-0 loading). ``precision`` is the Accelerator's ``AmpPrecision``.
+class ModelPath:
+    """The model path for one ``prepare`` of one model (see the module): the default steps as methods,
+    the strategy's overrides by name, and what the steps share (the parameters fp8 replaced, the blocks)."""
 
-    The parameters fp8 conversion replaced go into ``fp8_replaced`` (``id(old) -> (weakref(old), new)``)
-    so that optimizers built on the old ones can be pointed at the new ones; ``before_parallel(model,
-    replaced)`` runs after the conversion and before tensor parallel / sharding (FSDP2 records there which
-    module holds each parameter)."""
-    if device is not None:
-        refuse_meta(model, meta_remedy)
-        model = model.to(device)
-    if mesh.fsdp_mesh() is None:  # sharded parameters take FSDP2's MixedPrecisionPolicy instead
-        hooks.add(precision.attach(model))
-    replaced: dict[int, Any] = {}
-    if transforms.fp8 is not None and device is not None:  # (torchao's float8 weights cannot be on meta)
+    def __init__(self, mesh: ParallelMesh, transforms: ModelTransforms, *, device: torch.device,
+                 precision: AmpPrecision, hooks: HookRegistry, device_placement: bool = True,
+                 evaluation_mode: bool = False, fp8_replaced: Replaced | None = None, meta_remedy: str = "",
+                 overrides: Mapping[str, PathStep] | None = None) -> None:
+        self.mesh, self.transforms, self.device = mesh, transforms, device
+        self.precision, self.hooks = precision, hooks
+        #: whether ``placement`` moves the model (``prepare(device_placement=...)``)
+        self.device_placement = device_placement
+        #: ``prepare_model(evaluation_mode=True)``: a data-parallel wrapper that only serves training is left out
+        self.evaluation_mode = evaluation_mode
+        #: what the remedy of a refused meta model adds (FSDP2: its rank-0 loading)
+        self.meta_remedy = meta_remedy
+        #: the parameters fp8 conversion replaced in this run (also added to ``fp8_replaced``)
+        self.replaced: Replaced = {}
+        self._fp8_replaced = fp8_replaced
+        self._blocks: list[nn.Module] | None = None
+        self._defaults: dict[str, Callable[[nn.Module], nn.Module]] = {
+            "placement": self.placement, "precision_hooks": self.precision_hooks, "fp8": self.fp8,
+            "parallelize": self.parallelize, "activation_checkpointing": self.activation_checkpointing,
+            "compile": self.compile, "data_parallel": self.data_parallel}
+        self.overrides: dict[str, PathStep] = {}
+        for name, step in (overrides or {}).items():
+            self.override(name, step)
+
+    def override(self, name: str, step: PathStep) -> None:
+        """Run ``step`` instead of the step called ``name`` (one of :data:`STEPS`)."""
+        if name not in STEPS:
+            raise ValueError(f"the model path has no step {name!r}; its steps: {', '.join(STEPS)}")
+        self.overrides[name] = step
+
+    def step(self, name: str) -> Callable[[nn.Module], nn.Module]:
+        """The step called ``name`` as it runs in this path: the override if there is one, else the default."""
+        if name not in STEPS:
+            raise ValueError(f"the model path has no step {name!r}; its steps: {', '.join(STEPS)}")
+        override = self.overrides.get(name)
+        if override is None:
+            return self._defaults[name]
+        return lambda model: override(self, model)
+
+    def run(self, model: nn.Module) -> nn.Module:
+        """Every step in order; return what trains (``model`` itself unless ``data_parallel`` wraps it)."""
+        for name in STEPS:
+            model = self.step(name)(model)
+        return model
+
+    # -- the default steps -----------------------------------------------------------------------------
+    def placement(self, model: nn.Module) -> nn.Module:
+        """``model`` on the device (refused if it is on the meta device); as it is without device placement."""
+        return self.move(model) if self.device_placement else model
+
+    def precision_hooks(self, model: nn.Module) -> nn.Module:
+        """Autocast around ``model``'s forward (floating outputs back in fp32), filed in the hook registry."""
+        self.hooks.add(self.precision.attach(model))
+        return model
+
+    def fp8(self, model: nn.Module) -> nn.Module:
+        """With an fp8 recipe and device placement: the linear layers converted (torchao's float8 weights
+        cannot be on the meta device); the parameters replaced are recorded for the optimizers."""
+        if self.transforms.fp8 is None or not self.device_placement:
+            return model
         from overdrive.precision.fp8 import apply_fp8
 
-        replaced = apply_fp8(model, transforms.fp8)
-        if fp8_replaced is not None:
-            fp8_replaced.update(replaced)
-    if before_parallel is not None:
-        before_parallel(model, replaced)
-    apply_parallelism(model, mesh, transforms)
-    return data_parallel(model) if data_parallel is not None else model
+        self.replaced = apply_fp8(model, self.transforms.fp8)
+        if self._fp8_replaced is not None:
+            self._fp8_replaced.update(self.replaced)
+        return model
 
-def apply_parallelism(model: nn.Module, mesh: ParallelMesh, config: ModelTransforms) -> nn.Module:
-    """Apply every parallelism ``config`` asks for to ``model``, in place, over ``mesh``. Each transform's
-    module is imported only when it is used (one process with no transform imports none of them)."""
-    tp_mesh = mesh.get("tp")
-    if tp_mesh is not None:
+    def parallelize(self, model: nn.Module) -> nn.Module:
+        """Tensor parallel over the mesh's ``tp`` axis (from the plan's ``tp_plan``, else the matched blocks);
+        context parallel changes no module (attention is split while ``maybe_context_parallel`` is open)."""
+        tp_mesh = self.mesh.get("tp")
+        if tp_mesh is None:
+            return model
         from overdrive.transforms.tensor_parallel import (
             apply_tensor_parallel,
             match_blocks,
             plan_from_patterns,
         )
 
+        config = self.transforms
         plan = (plan_from_patterns(model, config.tp_plan, config.sequence_parallel, tp_mesh.size()) if config.tp_plan
                 else match_blocks(model, tp_mesh.size(), config.sequence_parallel))
         apply_tensor_parallel(model, tp_mesh, plan)
-    # Context parallel changes no module: attention is split while ``maybe_context_parallel`` is open.
-    fsdp_mesh = mesh.fsdp_mesh()
-    if not (config.activation_checkpointing or config.compile is not None or fsdp_mesh is not None):
         return model
-    from overdrive.transforms.blocks import blocks_to_wrap
 
-    blocks = blocks_to_wrap(model, list(config.block_names) or config.fsdp.transformer_cls_names_to_wrap)
-    if config.activation_checkpointing:
+    def activation_checkpointing(self, model: nn.Module) -> nn.Module:
+        """Checkpoint each of the model's blocks (an error names the remedy when there are none)."""
+        if not self.transforms.activation_checkpointing:
+            return model
+        blocks = self.blocks(model)
         if not blocks:
             raise ValueError(f"activation_checkpointing found no blocks in {type(model).__name__}; name their "
                              "classes (ActivationCheckpointingKwargs(block_names=[...]) or "
@@ -141,19 +162,53 @@ def apply_parallelism(model: nn.Module, mesh: ParallelMesh, config: ModelTransfo
         from overdrive.transforms.activation_checkpointing import apply_activation_checkpointing
 
         apply_activation_checkpointing(blocks)
-    if config.compile is not None:
+        return model
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """Compile in place, the whole model or each block (``CompileSettings.regional``)."""
+        if self.transforms.compile is None:
+            return model
         from overdrive.transforms.compile import apply_compile
 
-        apply_compile(model, blocks, config.compile)
-    if fsdp_mesh is not None:
+        apply_compile(model, self.blocks(model), self.transforms.compile)
+        return model
+
+    def data_parallel(self, model: nn.Module) -> nn.Module:
+        """``model`` as it is: one process has nothing to replicate (DDP and FSDP2 override this step)."""
+        return model
+
+    # -- what the steps and their overrides share ------------------------------------------------------
+    def move(self, model: nn.Module) -> nn.Module:
+        """``model`` on the device; a model on the meta device is refused first (:func:`refuse_meta`)."""
+        refuse_meta(model, self.meta_remedy)
+        return model.to(self.device)
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The blocks that activation checkpointing, regional compile and ``fully_shard`` work on (found once
+        per run, after tensor parallel: the plan's ``block_names``, else FSDP's wrap names, else the
+        repeated blocks)."""
+        if self._blocks is None:
+            from overdrive.transforms.blocks import blocks_to_wrap
+
+            config = self.transforms
+            self._blocks = blocks_to_wrap(model, list(config.block_names) or config.fsdp.transformer_cls_names_to_wrap)
+        return self._blocks
+
+    def fully_shard(self, model: nn.Module) -> nn.Module:
+        """FSDP2's ``fully_shard`` over the mesh's data-parallel shard axes (nothing without one), with the
+        plan's precision, offload and wrap policy."""
+        fsdp_mesh = self.mesh.fsdp_mesh()
+        if fsdp_mesh is None:
+            return model
         from overdrive.transforms import fully_shard as dp
 
+        config = self.transforms
         settings = dp.FullyShardSettings(
             reshard_after_forward=config.fsdp.reshard,
             mp_policy=dp.mixed_precision_policy(config.fsdp, config.precision),
             root_mp_policy=dp.mixed_precision_policy(config.fsdp, config.precision, root=True),
             offload_policy=dp.offload_policy(config.fsdp),
-            wrap=dp.wrap_policy(config.fsdp, model, blocks),
+            wrap=dp.wrap_policy(config.fsdp, model, self.blocks(model)),
             ignored_params=dp.ignored_parameters(config.fsdp, model))
         dp.apply_fully_shard(model, fsdp_mesh, settings)
-    return model
+        return model

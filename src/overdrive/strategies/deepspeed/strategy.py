@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,35 +31,45 @@ from torch.utils.data import DataLoader
 
 from overdrive.config import DistributedType
 from overdrive.resolve.deepspeed import DeepSpeedSettings
-from overdrive.strategies.base import LocalGradients, StrategyContext
+from overdrive.strategies.base import StrategyBase, StrategyContext
 from overdrive.strategies.deepspeed.checkpoint import EngineCheckpoint, is_engine
 from overdrive.strategies.deepspeed.ds_config import engine_config
-from overdrive.transforms.path import apply_parallelism
+from overdrive.transforms.path import PathStep, skip
+
+if TYPE_CHECKING:
+    from overdrive.precision.amp import AmpPrecision
 
 
-class DeepSpeedStrategy(LocalGradients):
+class DeepSpeedStrategy(StrategyBase):
     """DeepSpeed ZeRO: the model, optimizer and scheduler become one engine that steps at the end of each
-    accumulation window (see the module). ``no_sync`` and ``sync_in_backward`` do nothing
-    (``LocalGradients``): the engine reduces only where the window ends, as :meth:`backward` tells it."""
+    accumulation window (see the module). ``no_sync`` and ``sync_in_backward`` do nothing (the defaults):
+    the engine reduces only where the window ends, as :meth:`backward` tells it."""
 
     owns_backward = True  # the engine's backward, which also steps at the end of a window
     name = "deepspeed"
     settings_type = DeepSpeedSettings
-    distributed_type = DistributedType.DEEPSPEED
 
     def __init__(self, context: StrategyContext, settings: DeepSpeedSettings) -> None:
-        # the engine places the model and runs its precision: of the model path, the transforms (activation
-        # checkpointing, compile) and the hook registry (the cast of the engine's inputs and outputs) are used
-        self.context = context
-        self.device = context.device
-        self.settings = settings
+        super().__init__(context, settings)
+        self.settings: DeepSpeedSettings = settings
         self.engine_checkpoint = EngineCheckpoint()
         self._engines: list[weakref.ref] = []
         self._trained: weakref.ref | None = None
         self._batch_sizes: list[int] = []
         self._norm: torch.Tensor | None = None
 
+    @property
+    def distributed_type(self) -> DistributedType | None:
+        """``DistributedType.DEEPSPEED``."""
+        return DistributedType.DEEPSPEED
+
     # -- building engines --------------------------------------------------------------------------
+    def path_overrides(self) -> Mapping[str, PathStep]:
+        """The engine places the model, runs its precision (its bf16 / fp16 block; fp8 is not run) and its
+        data parallelism (ZeRO): of the model path, only ``parallelize``, ``activation_checkpointing`` and
+        ``compile`` run, before the engine is built."""
+        return {"placement": skip, "precision_hooks": skip, "fp8": skip, "data_parallel": skip}
+
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """Build the engine for the model, optimizer and scheduler among ``objects`` (one of each at most);
         return ``objects`` with the engine, its optimizer and its scheduler in their places."""
@@ -131,8 +141,8 @@ class DeepSpeedStrategy(LocalGradients):
             raise ValueError("cannot build the DeepSpeed engine:\n  - " + "\n  - ".join(problems))
         self._ready()
         # the model path's transforms (activation checkpointing, compile), the same as under every strategy;
-        # the engine does the rest of the path (placement, precision, data parallelism)
-        apply_parallelism(model, self.context.mesh, self.context.transforms)
+        # the engine does the rest of the path (placement, precision, data parallelism): path_overrides
+        model = self.model_path().run(model)
         engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
             model=model, optimizer=client_optimizer, model_parameters=parameters, lr_scheduler=client_scheduler,
             config=config, dist_init_required=False)
@@ -180,15 +190,11 @@ class DeepSpeedStrategy(LocalGradients):
         """The user's module inside an engine (``model`` itself if it is not one)."""
         return model.module if is_engine(model) else model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
-        """``optimizer`` as it is: ``prepare_together`` already replaced it with the engine's."""
-        return optimizer  # prepare_together already replaced it
-
     # -- the step ----------------------------------------------------------------------------------
     def _training_engine(self) -> Any:
         return self._trained() if self._trained is not None else None
 
-    def backward(self, loss: torch.Tensor, precision: Any, sync_gradients: bool, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, precision: AmpPrecision, sync_gradients: bool, **kwargs: Any) -> None:
         """The engine's backward (``loss`` is already divided over the window) and, when the window ends, its
         step."""
         engine = self._training_engine()

@@ -1,0 +1,51 @@
+"""The model path's settings: plain values the resolver builds and the transforms read (no transform
+code here, so both sides import this module and not each other)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from overdrive.config import AORecipeKwargs, FullyShardedDataParallelPlugin, TERecipeKwargs
+from overdrive.precision.policy import PrecisionPolicy
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """``torch.compile`` options (from ``TorchDynamoPlugin`` or ``dynamo_backend``), resolved."""
+
+    backend: str = "inductor"
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: dict[str, Any] | None = None
+    disable: bool = False
+    #: compile each repeated block (once per distinct block class) instead of the whole model
+    regional: bool = False
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``torch.compile`` / ``Module.compile``."""
+        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic,
+                                  "disable": self.disable}
+        if self.mode not in (None, "default"):
+            kwargs["mode"] = self.mode
+        if self.options:
+            kwargs["options"] = dict(self.options)
+        return kwargs
+
+
+@dataclass(frozen=True)
+class ModelTransforms:
+    """What to do to every prepared model, independent of the model and of the strategy."""
+
+    tp_plan: dict[str, str] | None = None
+    sequence_parallel: bool = False
+    activation_checkpointing: bool = False
+    #: class names of the blocks to checkpoint and compile (default: FSDP's wrap names, else the repeated blocks)
+    block_names: tuple[str, ...] = ()
+    compile: CompileSettings | None = None
+    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
+    precision: PrecisionPolicy = field(default_factory=PrecisionPolicy)
+    #: the fp8 recipe: ``precision.fp8.apply_fp8`` converts the linear layers right after placement, so tensor
+    #: parallel, compile and data parallel see float8 modules
+    fp8: AORecipeKwargs | TERecipeKwargs | None = None
