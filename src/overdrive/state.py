@@ -319,7 +319,8 @@ class AcceleratorState(PartialState):
     def num_steps(self) -> int:
         """Micro-batches per optimizer step (the accumulation window); 1 before an Accelerator exists."""
         training = self._training
-        return training.accumulation.num_steps if training is not None else 1
+        steps = training.accumulation.num_steps if training is not None else None
+        return steps if steps is not None else 1  # (the resolver fills num_steps in the plan's copy)
 
     @property
     def deepspeed_plugins(self) -> dict[str, Any] | None:

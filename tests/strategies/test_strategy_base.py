@@ -15,7 +15,7 @@ from overdrive.resolve import DDPSettings, DeepSpeedSettings, FSDP2Settings, Sin
 from overdrive.strategies import StrategyBase, create_strategy, register_strategy
 from overdrive.strategies.single import SingleDeviceStrategy
 from overdrive.transforms.path import STEPS, ModelPath
-from test_parallel_helpers import make_model
+from tests.support.parallel import make_model
 
 
 def overridden(strategy: StrategyBase) -> set[str]:

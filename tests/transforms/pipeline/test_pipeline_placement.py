@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from distributed import run_distributed
-from test_parallel_helpers import make_data, make_model, worst
-from test_pipeline_helpers import LAYERS, pipeline_accelerator, reference
+from tests.support.distributed import run_distributed
+from tests.support.parallel import make_data, make_model, worst
+from tests.transforms.pipeline.pipeline_helpers import LAYERS, pipeline_accelerator, reference
 
 pytestmark = pytest.mark.multiprocess
 
