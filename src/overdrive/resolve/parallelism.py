@@ -16,13 +16,13 @@ from overdrive.resolve.plan import (
     PipelineStrategySettings,
     SingleSettings,
     StageSettings,
-    StrategySettings,
 )
 from overdrive.resolve.process import ProcessPlan
 from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
 
 if TYPE_CHECKING:
     from overdrive.config import PipelineConfig, TorchTensorParallelPlugin
+    from overdrive.resolve.plan import StrategySettings
 
 
 @dataclass(frozen=True)

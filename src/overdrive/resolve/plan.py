@@ -9,25 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from overdrive.config import (
-    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
-    InitProcessGroupKwargs,
     ProfileKwargs,
     ProjectConfiguration,
-    TERecipeKwargs,
 )
 from overdrive.precision import PrecisionPolicy
-from overdrive.resolve.deepspeed import DeepSpeedSettings
 from overdrive.runtime.mesh import ParallelDims
 from overdrive.transforms.settings import ModelTransforms
+
+if TYPE_CHECKING:
+    from overdrive.config import AORecipeKwargs, InitProcessGroupKwargs, TERecipeKwargs
+    from overdrive.resolve.deepspeed import DeepSpeedSettings
 
 
 # -- each strategy's own settings, typed: a misspelt setting is a TypeError, not silently dropped -----------
@@ -72,8 +72,9 @@ class PipelineStrategySettings:
     output_pp_rank: int = 0
 
 
-#: the settings of any built-in strategy (``TrainingPlan.strategy_settings``)
-StrategySettings = SingleSettings | DDPSettings | FSDP2Settings | PipelineStrategySettings | DeepSpeedSettings
+if TYPE_CHECKING:  # (DeepSpeed's module is loaded only for a DeepSpeed run)
+    #: the settings of any built-in strategy (``TrainingPlan.strategy_settings``)
+    StrategySettings = SingleSettings | DDPSettings | FSDP2Settings | PipelineStrategySettings | DeepSpeedSettings
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -20,32 +20,21 @@ from torch import nn
 
 from overdrive.accumulation import NO_CONTEXT
 from overdrive.config import DistributedType
-from overdrive.transforms.path import ModelPath, PathStep, Replaced
+from overdrive.transforms.path import ModelPath, PathContext, PathStep
 
 if TYPE_CHECKING:
     from overdrive.accumulation import AccumulationWindow
     from overdrive.precision.amp import AmpPrecision
-    from overdrive.runtime.mesh import ParallelMesh
     from overdrive.state import PluginSelection
-    from overdrive.transforms.hooks import HookRegistry
-    from overdrive.transforms.settings import ModelTransforms
 
 
-@dataclass(frozen=True)
-class StrategyContext:
-    """The runtime objects every strategy works with (its settings are its own typed object)."""
+@dataclass(frozen=True, kw_only=True)
+class StrategyContext(PathContext):
+    """The runtime objects every strategy works with: the model path's (device, mesh, precision, transforms,
+    hooks, fp8_replaced), the accumulation window and the DeepSpeed plugin selection (its settings are its own
+    typed object)."""
 
-    device: torch.device
-    mesh: ParallelMesh
-    #: the Accelerator's autocast hooks and loss scaler
-    precision: AmpPrecision
-    #: the model path's settings, the same for every strategy
-    transforms: ModelTransforms
-    #: where the hooks put on prepared models are filed, so unwrap_model / free_memory remove them
-    hooks: HookRegistry
     window: AccumulationWindow
-    #: parameters fp8 conversion replaced (``id(old) -> (weakref(old), new)``), for ``prepare_optimizer``
-    fp8_replaced: Replaced = field(default_factory=dict)
     #: which of the plan's named plugins the next ``prepare()`` uses (DeepSpeed's), or None: runtime state
     #: owned by the Accelerator's state, so the plan stays frozen
     plugin_selection: PluginSelection | None = None
@@ -101,10 +90,8 @@ class StrategyBase:
 
     def model_path(self, device_placement: bool = True, evaluation_mode: bool = False) -> ModelPath:
         """The model path for one model, with this strategy's :meth:`path_overrides`."""
-        c = self.context
-        return ModelPath(c.mesh, c.transforms, device=c.device, precision=c.precision, hooks=c.hooks,
-                         device_placement=device_placement, evaluation_mode=evaluation_mode,
-                         fp8_replaced=c.fp8_replaced, meta_remedy=self.meta_remedy, overrides=self.path_overrides())
+        return ModelPath(self.context, device_placement=device_placement, evaluation_mode=evaluation_mode,
+                         meta_remedy=self.meta_remedy, overrides=self.path_overrides())
 
     def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
         """The model as it trains under this strategy: the model path run on it. ``evaluation_mode`` leaves

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -61,25 +62,39 @@ def refuse_meta(model: nn.Module, remedy: str = "") -> None:
             f"first (model.to_empty(device=...) then load its weights){remedy}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class PathContext:
+    """The runtime objects the model path works with (``StrategyContext`` extends it)."""
+
+    device: torch.device
+    mesh: ParallelMesh
+    #: the Accelerator's autocast hooks and loss scaler
+    precision: AmpPrecision
+    #: the model path's settings, the same for every strategy
+    transforms: ModelTransforms
+    #: where the hooks put on prepared models are filed, so unwrap_model / free_memory remove them
+    hooks: HookRegistry
+    #: parameters fp8 conversion replaced (``id(old) -> (weakref(old), new)``), for ``prepare_optimizer``
+    fp8_replaced: Replaced = field(default_factory=dict)
+
+
 class ModelPath:
     """The model path for one ``prepare`` of one model (see the module): the default steps as methods,
     the strategy's overrides by name, and what the steps share (the parameters fp8 replaced, the blocks)."""
 
-    def __init__(self, mesh: ParallelMesh, transforms: ModelTransforms, *, device: torch.device,
-                 precision: AmpPrecision, hooks: HookRegistry, device_placement: bool = True,
-                 evaluation_mode: bool = False, fp8_replaced: Replaced | None = None, meta_remedy: str = "",
-                 overrides: Mapping[str, PathStep] | None = None) -> None:
-        self.mesh, self.transforms, self.device = mesh, transforms, device
-        self.precision, self.hooks = precision, hooks
+    def __init__(self, context: PathContext, *, device_placement: bool = True, evaluation_mode: bool = False,
+                 meta_remedy: str = "", overrides: Mapping[str, PathStep] | None = None) -> None:
+        self.context = context
+        self.mesh, self.transforms, self.device = context.mesh, context.transforms, context.device
+        self.precision, self.hooks = context.precision, context.hooks
         #: whether ``placement`` moves the model (``prepare(device_placement=...)``)
         self.device_placement = device_placement
         #: ``prepare_model(evaluation_mode=True)``: a data-parallel wrapper that only serves training is left out
         self.evaluation_mode = evaluation_mode
         #: what the remedy of a refused meta model adds (FSDP2: its rank-0 loading)
         self.meta_remedy = meta_remedy
-        #: the parameters fp8 conversion replaced in this run (also added to ``fp8_replaced``)
+        #: the parameters fp8 conversion replaced in this run (also added to the context's ``fp8_replaced``)
         self.replaced: Replaced = {}
-        self._fp8_replaced = fp8_replaced
         self._blocks: list[nn.Module] | None = None
         self._defaults: dict[str, Callable[[nn.Module], nn.Module]] = {
             "placement": self.placement, "precision_hooks": self.precision_hooks, "fp8": self.fp8,
@@ -128,8 +143,7 @@ class ModelPath:
         from overdrive.precision.fp8 import apply_fp8
 
         self.replaced = apply_fp8(model, self.transforms.fp8)
-        if self._fp8_replaced is not None:
-            self._fp8_replaced.update(self.replaced)
+        self.context.fp8_replaced.update(self.replaced)
         return model
 
     def parallelize(self, model: nn.Module) -> nn.Module:

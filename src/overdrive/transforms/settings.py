@@ -4,10 +4,13 @@ code here, so both sides import this module and not each other)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from overdrive.config import AORecipeKwargs, FullyShardedDataParallelPlugin, TERecipeKwargs
+from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.precision.policy import PrecisionPolicy
+
+if TYPE_CHECKING:
+    from overdrive.config import AORecipeKwargs, TERecipeKwargs
 
 
 @dataclass(frozen=True)
