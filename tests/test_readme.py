@@ -37,6 +37,9 @@ def test_readme_command_runs(command):
     result = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=230,
                             cwd=README.parent, env=env)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    # and quietly: no warning repeated by every rank (DTensor's redistribution notes once printed 4 times by
+    # the tensor-parallel run; this run is also the test of that, tests/launchers/test_quiet_output.py)
+    assert "While redistributing" not in result.stderr and "_NormPartial" not in result.stderr, result.stderr[-3000:]
 
 
 def test_readme_opens_with_the_two_commands():
