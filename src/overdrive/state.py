@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -274,35 +275,47 @@ class PluginSelection:
         return self.plugins[self.name]
 
 
-class _AcceleratorSharedState:
-    """``AcceleratorState._shared_state``: the shared state once an Accelerator exists, else ``{}`` (as in
-    Accelerate, where it stays empty until the first ``Accelerator()``)."""
-
-    def __get__(self, instance: Any, owner: Any = None) -> dict[str, Any]:
-        shared = PartialState._shared
-        return shared if "training" in shared else {}
-
-
 class AcceleratorState(PartialState):
     """The process state plus the training settings of an ``Accelerator``.
 
-    ``accelerator.state`` answers for that Accelerator's own plan, even after another ``Accelerator()`` is
-    built in the process; ``AcceleratorState()`` built elsewhere (by another library) answers for the
-    newest Accelerator's plan, as Accelerate's shared state does.
+    As in Accelerate, ``AcceleratorState._shared_state`` is one dict beside ``PartialState``'s: the process
+    state plus the newest Accelerator's settings, ``{}`` until an Accelerator exists, and ``AcceleratorState()``
+    built elsewhere (by another library) reads it. ``accelerator.state`` answers for that Accelerator's own plan,
+    even after another ``Accelerator()`` with other settings is built in the process (Accelerate refuses the
+    second one). ``AcceleratorState._reset_state()`` clears them all: every ``accelerator.state`` then reads as
+    reset, and reading a state attribute says so.
     """
 
-    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
-        super().__init__(cpu=cpu, **{k: v for k, v in kwargs.items() if k in ("init_kwargs",)})
+    #: Accelerate's shared dict (transformers reads it); the newest Accelerator's state, else empty
+    _shared_state: dict[str, Any] = {}
+    #: every Accelerator's state (each an own dict), so that _reset_state() reaches them all
+    _views: weakref.WeakSet[AcceleratorState] = weakref.WeakSet()
+    #: the states _reset_state() cleared: the next Accelerator's settings become theirs (in Accelerate every
+    #: state is the one shared dict, so a new Accelerator brings the old ones back)
+    _cleared: weakref.WeakSet[AcceleratorState] = weakref.WeakSet()
 
-    _shared_state = _AcceleratorSharedState()
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        PartialState(cpu=cpu, init_kwargs=kwargs.get("init_kwargs"))  # the process state, made once
+        self.__dict__ = AcceleratorState._shared_state
+        self.__dict__.update(PartialState._shared)  # the process state as it is now (Accelerate's refresh)
 
     def adopt(self, training: TrainingPlan) -> None:
         """Answer for ``training`` (an Accelerator's plan) from now on; make it the process's newest."""
-        self._shared["training"] = training
+        view = dict(PartialState._shared, training=training)
         settings = training.deepspeed
-        self._shared["deepspeed_selection"] = PluginSelection(settings.plugins) if settings is not None else None
-        # an own view of the shared process state: a later Accelerator replaces the shared plan, not this one
-        self.__dict__ = dict(self._shared)
+        view["deepspeed_selection"] = PluginSelection(settings.plugins) if settings is not None else None
+        AcceleratorState._shared_state.clear()
+        AcceleratorState._shared_state.update(view)
+        # an own dict: a later Accelerator replaces the shared settings, not this one's
+        for state in (self, *AcceleratorState._cleared):
+            state.__dict__ = view
+            AcceleratorState._views.add(state)
+        AcceleratorState._cleared.clear()
+
+    @property
+    def initialized(self) -> bool:
+        """Whether an Accelerator's settings are set (Accelerate: the state differs from the process state)."""
+        return "training" in self.__dict__
 
     @property
     def _training(self) -> TrainingPlan | None:
@@ -378,12 +391,16 @@ class AcceleratorState(PartialState):
     # Accelerate's signature, which differs from PartialState's: its callers pass reset_partial_state first
     def _reset_state(cls, reset_partial_state: bool = False,  # pyright: ignore[reportIncompatibleMethodOverride]
                      destroy_process_group: bool = False) -> None:
-        """Forget the training settings (Accelerate's signature); with ``reset_partial_state`` the process
-        state too (the process group stays unless ``destroy_process_group``; it is joined again if needed)."""
+        """Forget the training settings of every Accelerator (Accelerate's signature); with
+        ``reset_partial_state`` the process state too (the process group stays unless
+        ``destroy_process_group``; it is joined again if needed)."""
+        AcceleratorState._shared_state.clear()
+        for state in list(AcceleratorState._views):
+            state.__dict__.clear()
+            AcceleratorState._cleared.add(state)
+        AcceleratorState._views.clear()
         if reset_partial_state:
             PartialState._reset_state(destroy_process_group=destroy_process_group)
-        else:
-            cls._shared.pop("training", None)
 
     def __repr__(self) -> str:
         text = super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
@@ -516,4 +533,4 @@ class GradientState:
 
 def is_initialized() -> bool:
     """Whether an ``Accelerator`` (or ``AcceleratorState``) has set up the training state in this process."""
-    return "training" in AcceleratorState._shared
+    return AcceleratorState._shared_state != {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.distributed import run_distributed
+from tests.support.engines import run_function
 
 pytestmark = [pytest.mark.requires("accelerate")]
 
@@ -78,8 +78,8 @@ def _regions(engine: str) -> dict:
 
 
 def test_compile_regions_matches_accelerate():
-    (theirs,) = run_distributed(_regions, 1, "accelerate", timeout=240)
-    (ours,) = run_distributed(_regions, 1, "overdrive", timeout=240)
+    theirs = run_function(_regions, "accelerate")
+    ours = run_function(_regions, "overdrive")
     assert ours == theirs
     # what the comparison rests on: the blocks and the head are compiled wrappers, the forward was rebound
     assert ("body.blocks.0", "OptimizedModule") in theirs["tree"] and ("head", "OptimizedModule") in theirs["tree"]

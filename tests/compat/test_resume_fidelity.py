@@ -11,39 +11,14 @@ twice, and one process replaced the loader's own sampler (``g.manual_seed(42)`` 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import clean_env
+from tests.support.engines import run_script
 
 pytestmark = [pytest.mark.requires("accelerate")]
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "resume_run.py")
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def _run(folder: Path, processes: int, overdrive: bool) -> list[dict]:
-    """Each rank's result of the script on ``processes`` processes: overdrive (``--alias`` on one process,
-    ``overdrive launch --as_accelerate`` on several) or the real Accelerate (plain python / torchrun)."""
-    out = folder / ("overdrive" if overdrive else "accelerate")
-    env = {k: v for k, v in clean_env(folder, PYTHONPATH=SRC).items() if not k.startswith("ACCELERATE_")}
-    if processes == 1:
-        command = [sys.executable, SCRIPT, str(out), *(["--alias"] if overdrive else [])]
-    elif overdrive:
-        command = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
-                   "--as_accelerate", SCRIPT, str(out)]
-    else:  # Accelerate runs several CPU processes only when told to use the CPU
-        env["ACCELERATE_USE_CPU"] = "true"
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), SCRIPT,
-                   str(out)]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=folder)
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
-    results = [json.loads((out / f"result_{rank}.json").read_text()) for rank in range(processes)]
-    assert [r["library"] for r in results] == ["overdrive" if overdrive else "accelerate"] * processes
-    return results
 
 
 def _compare(ours: list[dict], theirs: list[dict]) -> None:
@@ -68,11 +43,11 @@ def _compare(ours: list[dict], theirs: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> list[dict]:
     """overdrive's one-process run (the two-process test compares its global order with it)."""
-    return _run(tmp_path_factory.mktemp("one"), 1, True)
+    return run_script(SCRIPT, tmp_path_factory.mktemp("one"), 1, True)
 
 
 def test_one_process_matches_accelerate(one_process, tmp_path):
-    _compare(one_process, _run(tmp_path, 1, False))
+    _compare(one_process, run_script(SCRIPT, tmp_path, 1, False))
     # one process keeps the DataLoader's own sampler: seeding its generator gives plain PyTorch's order
     assert one_process[0]["orders"]["generator"] == one_process[0]["orders"]["plain"]
 
@@ -80,8 +55,8 @@ def test_one_process_matches_accelerate(one_process, tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_processes_match_accelerate(one_process, tmp_path):
-    ours = _run(tmp_path, 2, True)
-    _compare(ours, _run(tmp_path, 2, False))
+    ours = run_script(SCRIPT, tmp_path, 2, True)
+    _compare(ours, run_script(SCRIPT, tmp_path, 2, False))
     # with the generator seeded before each epoch (Accelerate's training_check), two processes see, step by
     # step, what one process sees: its batches in turn, rank 0's then rank 1's
     for epoch, single in enumerate(one_process[0]["orders"]["generator"]):

@@ -434,8 +434,9 @@ def test_csv_widens_its_header_when_a_new_metric_appears(tmp_path):
 @pytest.mark.requires("mlflow")
 def test_mlflow_file_store_through_tracking_uri(tmp_path):
     uri = f"file:{tmp_path / 'store'}"
-    (tracker,) = start_trackers(["mlflow"], "proj", config={"a": 1}, logging_dir=None,
-                                init_kwargs={"mlflow": {"tracking_uri": uri, "experiment_name": "exp"}})
+    (tracker,) = start_trackers(["mlflow"], "exp", config={"a": 1}, logging_dir=None,
+                                init_kwargs={"mlflow": {"tracking_uri": uri, "run_name": "first"}})
+    assert tracker.active_run.info.run_name == "first"
     for step in range(4):
         tracker.log(values_at(step, 0), step=step)
     tracker.finish()

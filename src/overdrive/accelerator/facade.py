@@ -26,8 +26,12 @@ from overdrive.accelerator.processes import ProcessSurface
 from overdrive.accelerator.surface import AccelerateSurface
 from overdrive.accelerator.tracking import TrackingVerbs
 from overdrive.accumulation import NO_CONTEXT, AccumulationWindow
+
+# read through this module's names (Accelerate's tests patch accelerate.accelerator.<name>)
+from overdrive.compat.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from overdrive.config import (  # GradientAccumulationPlugin: also a name of accelerate.accelerator
     DataLoaderConfiguration,
+    DistributedType,
     GradientAccumulationPlugin,
     ProfileKwargs,
     ProjectConfiguration,
@@ -55,6 +59,34 @@ if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with th
         TorchDynamoPlugin,
         TorchTensorParallelPlugin,
     )
+
+
+def _refuse_quantized_placement(model: nn.Module, device: torch.device, distributed: bool) -> None:
+    """Accelerate's checks of a model loaded in 8 or 4 bits (bitsandbytes) with a ``hf_device_map``: it must sit
+    on the training device, on one device when the run is distributed, and not be offloaded to the CPU (unless
+    bitsandbytes' multi-backend build runs it there) or to disk."""
+    if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
+        return
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return
+    devices = set(device_map.values())
+    multi_backend = is_bitsandbytes_multi_backend_available()
+    if len(devices) > 1 and distributed:
+        raise ValueError(f"this model was loaded in 8 or 4 bits across the devices {sorted(map(str, devices))}, "
+                         "which cannot train in a distributed run; run one process (naive pipeline parallelism "
+                         "over its devices), or load the model on one device")
+    if len(devices) == 1:
+        (where,) = devices
+        index = torch.device(where).index if isinstance(where, (str, torch.device)) else int(where)
+        elsewhere = torch.device(device.type, index) != device and (device.index is not None or index != 0)
+        if elsewhere and not (device.type == "cpu" and multi_backend):
+            raise ValueError(f"this model was loaded in 8 or 4 bits on {where!r}, not on the training device "
+                             f"{device}; load it there, e.g. device_map={{'': torch.cuda.current_device()}}")
+    if ("cpu" in devices and (not multi_backend or is_xpu_available())) or "disk" in devices:
+        raise ValueError("a model loaded in 8 or 4 bits cannot train with CPU or disk offload (its device map "
+                         f"holds {sorted(map(str, devices))}); load it on the training device, or install "
+                         "bitsandbytes' multi-backend build to train it on the CPU")
 
 
 def _mark_prepared(obj: Any) -> None:
@@ -188,6 +220,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         Returns them in the order given (a single object when one was given); other objects pass
         through unchanged. Schedulers are prepared last so that they see the prepared optimizers.
         """
+        # read first, as Accelerate's prepare does: after AcceleratorState._reset_state() this raises the
+        # AttributeError that says so, before anything is prepared
+        _ = self.state.distributed_type
         placement = device_placement or [None] * len(args)
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
@@ -220,6 +255,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             if not any(existing is model for existing in self.prepared.models):
                 self.prepared.add_model(model)
             return model
+        _refuse_quantized_placement(model, self.device, self.distributed_type != DistributedType.NO)
         place = self.plan.device_placement if device_placement is None else device_placement
         try:
             prepared = self.strategy.wrap_model(model, device_placement=place, evaluation_mode=evaluation_mode)

@@ -160,8 +160,8 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names(_REF, "apply_fp8_autowrap contextual_fp8_autocast convert_model"),
         **_names("overdrive.compat.layers", "has_transformer_engine_layers"),
     },
-    "overdrive.utils.ao": _names("overdrive.compat.layers", "convert_model_to_fp8_ao "
-                                 "filter_first_and_last_linear_layers has_ao_layers"),
+    "overdrive.utils.ao": _names("overdrive.compat.layers", "convert_model_to_fp8_ao filter_first_and_last_linear_layers "
+                                 "filter_linear_layers find_first_last_linear_layers has_ao_layers"),
     "overdrive.utils.bnb": {**_names("overdrive.compat.layers", "has_4bit_bnb_layers"),
                             **_names(_REF, "load_and_quantize_model")},
     "overdrive.utils.torch_xla": _names(_REF, "install_xla"),
@@ -301,8 +301,6 @@ ABSENT: dict[str | tuple[str, str], str] = {
     "do_nothing": "internal of Accelerate's state",
     "mocked_dataloaders": "Accelerate's own test data (downloads GLUE)",
     "mocked_dataloaders_for_autoregressive_models": "Accelerate's own test data (downloads a dataset)",
-    "filter_linear_layers": "internal of the torchao conversion (the Accelerator applies fp8)",
-    "find_first_last_linear_layers": "internal of the torchao conversion (the Accelerator applies fp8)",
     "BaseEnum": "internal enum base", "EnumWithContains": "internal enum base",
     "FP8BackendType": "fp8 back ends are chosen by AORecipeKwargs / mixed_precision='fp8'",
     **dict.fromkeys(("parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config", "parse_llama_config",

@@ -9,11 +9,13 @@ recommended backend), otherwise the file store ``file:<logging_dir>/mlruns``. Re
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from typing import Any
 
+from overdrive.compat.environment import str_to_bool
 from overdrive.tracking.base import (
     GeneralTracker,
     flatten,
@@ -38,24 +40,39 @@ def default_tracking_uri(logging_dir: str) -> str:
 
 
 class MLflowTracker(GeneralTracker):
-    """One MLflow run in the experiment ``experiment_name`` (default: the project name). Numbers are
-    logged as metrics, the config as params (nested keys joined with ``/``). Other keyword arguments
-    (``tags``, ``description``, ``nested``, ``run_id`` to resume...) go to ``mlflow.start_run``."""
+    """One MLflow run in the experiment ``experiment_name`` (the project name when ``init_trackers`` builds it),
+    with Accelerate's signature. As in Accelerate, the variables ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_RUN_ID``,
+    ``MLFLOW_TAGS`` (a JSON object) and ``MLFLOW_NESTED_RUN`` take priority over the arguments; ``run_id``
+    resumes that run, ``nested_run`` nests the run in the active one, ``run_name`` / ``description`` / ``tags``
+    describe it. Numbers are logged as metrics, the config as params (nested keys joined with ``/``). Keywords
+    overdrive adds: ``tracking_uri`` (where runs go, see the module), and others for ``mlflow.start_run``::
+
+        tracker = MLflowTracker(experiment_name="exp", logging_dir="runs", run_name="baseline")
+        accelerator = Accelerator(log_with=tracker)
+    """
 
     name = "mlflow"
     requires_logging_directory = False  # not when a tracking URI is configured; checked in __init__
     uses_logging_directory = True
     required_packages = (("mlflow", "mlflow"),)
 
-    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, *,
-                 tracking_uri: str | None = None, experiment_name: str | None = None,
-                 **start_run_kwargs: Any) -> None:
+    def __init__(self, experiment_name: str | None = None, logging_dir: str | os.PathLike | None = None,
+                 run_id: str | None = None, tags: dict[str, Any] | str | None = None,
+                 nested_run: bool | str | None = False, run_name: str | None = None, description: str | None = None,
+                 *, tracking_uri: str | None = None, **start_run_kwargs: Any) -> None:
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        nested_run = os.environ.get("MLFLOW_NESTED_RUN", nested_run)
+        self.experiment_name = experiment_name
+        self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        self.tags: dict[str, Any] | None = json.loads(tags) if isinstance(tags, str) else tags
+        self.nested_run = bool(str_to_bool(nested_run)) if isinstance(nested_run, str) else nested_run
         self.run_name = run_name
+        self.description = description
         self.logging_dir = None if logging_dir is None else os.fspath(logging_dir)
         self.tracking_uri = tracking_uri
-        self.experiment_name = experiment_name or run_name
         self.start_run_kwargs = start_run_kwargs
-        self.run: Any = None
+        self.active_run: Any = None
         # checked here, on every process, so that every process fails alike
         if tracking_uri is None and self.logging_dir is None and not _user_set_tracking_uri():
             raise ValueError("the 'mlflow' tracker needs a place for its runs: pass Accelerator(project_dir=...), "
@@ -63,7 +80,7 @@ class MLflowTracker(GeneralTracker):
 
     @property
     def tracker(self) -> Any:
-        return self.run
+        return self.active_run
 
     def start(self) -> None:
         mlflow = import_required("mlflow", "mlflow", self.name)
@@ -77,9 +94,14 @@ class MLflowTracker(GeneralTracker):
             _URIS_WE_SET.add(mlflow.get_tracking_uri())
         else:
             self.tracking_uri = mlflow.get_tracking_uri()
-        experiment = mlflow.set_experiment(self.experiment_name)
-        kwargs = {"run_name": self.run_name, **self.start_run_kwargs}
-        self.run = mlflow.start_run(experiment_id=experiment.experiment_id, **kwargs)
+        experiment_id = None
+        if self.experiment_name is not None:
+            experiment = mlflow.get_experiment_by_name(self.experiment_name)
+            experiment_id = experiment.experiment_id if experiment is not None else mlflow.create_experiment(
+                self.experiment_name, tags=self.tags)
+        self.active_run = mlflow.start_run(run_id=self.run_id, experiment_id=experiment_id, run_name=self.run_name,
+                                           nested=bool(self.nested_run), tags=self.tags,
+                                           description=self.description, **self.start_run_kwargs)
         # log to this run by id, so runs the user starts meanwhile (nested or not) do not catch our values
         from mlflow.tracking import MlflowClient
 
@@ -91,7 +113,7 @@ class MLflowTracker(GeneralTracker):
 
         params = [Param(k, str(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in flatten(values).items()]
         for start in range(0, len(params), _PARAMS_PER_BATCH):
-            self._client.log_batch(self.run.info.run_id, params=params[start:start + _PARAMS_PER_BATCH])
+            self._client.log_batch(self.active_run.info.run_id, params=params[start:start + _PARAMS_PER_BATCH])
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         from mlflow.entities import Metric
@@ -105,18 +127,18 @@ class MLflowTracker(GeneralTracker):
             else:
                 warn_skipped(self.name, key, value, "numbers")
         for start in range(0, len(metrics), _METRICS_PER_BATCH):
-            self._client.log_batch(self.run.info.run_id, metrics=metrics[start:start + _METRICS_PER_BATCH])
+            self._client.log_batch(self.active_run.info.run_id, metrics=metrics[start:start + _METRICS_PER_BATCH])
 
     def finish(self) -> None:
         import mlflow
 
-        if self.run is not None:
+        if self.active_run is not None:
             active = mlflow.active_run()
-            if active is not None and active.info.run_id == self.run.info.run_id:
+            if active is not None and active.info.run_id == self.active_run.info.run_id:
                 mlflow.end_run()
             else:  # the user ended it, or made another run active: leave theirs alone
-                self._client.set_terminated(self.run.info.run_id)
-            self.run = None
+                self._client.set_terminated(self.active_run.info.run_id)
+            self.active_run = None
 
 
 def _user_set_tracking_uri() -> bool:

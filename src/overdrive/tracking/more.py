@@ -65,13 +65,18 @@ class CometMLTracker(_Run):
 
 
 class ClearMLTracker(_Run):
-    """A ClearML task named ``run_name`` in project ``run_name`` (``Task.init``), or the task already running
-    in this process (then left open at the end). Scalars go to the task's logger as Accelerate sends them:
-    ``eval_x`` / ``test_x`` / ``train_x`` become series ``eval`` / ``test`` / ``train`` of plot ``x``, other names
-    series ``train``; without a step, a single value. ``CLEARML_OFFLINE_MODE=1`` keeps everything local."""
+    """A ClearML task (``Task.init``) in project and with task name ``run_name`` (the variables
+    ``CLEARML_PROJECT`` / ``CLEARML_TASK`` take priority, as in Accelerate), or the task already running in this
+    process (then left open at the end). Scalars go to the task's logger as Accelerate sends them: ``eval_x`` /
+    ``test_x`` / ``train_x`` become series ``eval`` / ``test`` / ``train`` of plot ``x``, other names series
+    ``train``; without a step, a single value. ``log_images`` and ``log_table`` report images and tables the
+    same way. ``CLEARML_OFFLINE_MODE=1`` (or ``Task.set_offline(True)``) keeps everything local."""
 
     name = "clearml"
     required_packages = (("clearml", "clearml"),)
+
+    def __init__(self, run_name: str | None = None, **init_kwargs: Any) -> None:
+        super().__init__(run_name, **init_kwargs)  # pyright: ignore[reportArgumentType]
 
     def start(self) -> None:
         clearml = import_required("clearml", "clearml", self.name)
@@ -79,9 +84,10 @@ class ClearMLTracker(_Run):
         if self.external:
             self.run = clearml.Task.current_task()
             return
-        self.init_kwargs.setdefault("project_name", self.run_name)
-        self.init_kwargs.setdefault("task_name", self.run_name)
-        self.run = clearml.Task.init(**self.init_kwargs)
+        kwargs = dict(self.init_kwargs)
+        kwargs.setdefault("project_name", os.environ.get("CLEARML_PROJECT", self.run_name))
+        kwargs.setdefault("task_name", os.environ.get("CLEARML_TASK", self.run_name))
+        self.run = clearml.Task.init(**kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.run.connect_configuration(values)
@@ -94,6 +100,26 @@ class ClearMLTracker(_Run):
             else:
                 title, series = _title_series(key)
                 logger.report_scalar(title=title, series=series, value=value, iteration=step, **kwargs)
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Report each image (a numpy array or PIL image) under its name's plot and series, at ``step``;
+        ``kwargs`` go to ``Logger.report_image``."""
+        logger = self.run.get_logger()
+        for key, image in values.items():
+            title, series = _title_series(key)
+            logger.report_image(title=title, series=series, iteration=step, image=image, **kwargs)
+
+    def log_table(self, table_name: str, columns: list[str] | None = None, data: list[list[Any]] | None = None,
+                  dataframe: Any = None, step: int | None = None, **kwargs: Any) -> None:
+        """Report a table: a ``dataframe``, or rows of ``data`` (headed by ``columns``, or by its first row
+        when there are no columns); ``kwargs`` go to ``Logger.report_table``."""
+        table = dataframe
+        if table is None:
+            if data is None:
+                raise ValueError(f"ClearMLTracker.log_table({table_name!r}) needs data= (rows) or dataframe=")
+            table = [columns, *data] if columns else data
+        title, series = _title_series(table_name)
+        self.run.get_logger().report_table(title=title, series=series, table_plot=table, iteration=step, **kwargs)
 
     def finish(self) -> None:
         if self.run is not None and not getattr(self, "external", False):
