@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from overdrive.config import GradientAccumulationPlugin
 
 #: the context of a micro-batch with nothing to enter (gradients synchronise, or one process): shared, since
 #: a ``nullcontext`` holds no state and may be entered by any number of blocks at once
@@ -61,11 +64,19 @@ class AccumulationWindow:
         self._length: tuple[weakref.ref[Any], int, int] | None = None
 
     @classmethod
-    def from_plugin(cls, plugin: Any) -> AccumulationWindow:
+    def from_plugin(cls, plugin: GradientAccumulationPlugin) -> AccumulationWindow:
         """A window with a ``GradientAccumulationPlugin``'s settings (``num_steps=None`` means 1)."""
-        return cls(num_steps=plugin.num_steps or 1, adjust_scheduler=plugin.adjust_scheduler,
-                   sync_with_dataloader=plugin.sync_with_dataloader, sync_each_batch=plugin.sync_each_batch,
-                   exact_last_window=getattr(plugin, "exact_last_window", False))
+        window = cls()
+        window.configure(plugin)
+        return window
+
+    def configure(self, plugin: GradientAccumulationPlugin) -> None:
+        """Take a ``GradientAccumulationPlugin``'s settings (``num_steps=None`` means 1)."""
+        self.set_num_steps(plugin.num_steps or 1)
+        self.adjust_scheduler = plugin.adjust_scheduler
+        self.sync_with_dataloader = plugin.sync_with_dataloader
+        self.sync_each_batch = plugin.sync_each_batch
+        self.exact_last_window = plugin.exact_last_window
 
     def begin(self, loader: Any = None, end_of_data: bool = False) -> bool:
         """Start one micro-batch; return whether it ends the window (its gradients then synchronise).

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from overdrive.accumulation import AccumulationWindow
-from overdrive.config import DistributedType, InitProcessGroupKwargs
+from overdrive.config import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
 
 if TYPE_CHECKING:
     from overdrive.resolve.plan import TrainingPlan
@@ -459,19 +459,15 @@ class GradientState:
     #: Accelerate's name for it
     _shared_state = _shared
 
-    def __init__(self, gradient_accumulation_plugin: Any = None, window: AccumulationWindow | None = None) -> None:
+    def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 window: AccumulationWindow | None = None) -> None:
         if window is None:
             window = self._shared.get("window")
             if window is None:
                 window = self._shared["window"] = AccumulationWindow()
         self.window = window
         if gradient_accumulation_plugin is not None:
-            plugin = gradient_accumulation_plugin
-            window.set_num_steps(plugin.num_steps or 1)
-            window.adjust_scheduler = plugin.adjust_scheduler
-            window.sync_with_dataloader = plugin.sync_with_dataloader
-            window.sync_each_batch = plugin.sync_each_batch
-            window.exact_last_window = getattr(plugin, "exact_last_window", False)
+            window.configure(gradient_accumulation_plugin)
 
     @classmethod
     def _reset_state(cls) -> None:

@@ -89,7 +89,10 @@ def _training_matches_reference() -> dict:
     out["accumulate"] = close(weights, reference_weights(make_data(44), [16, 16, 12], epochs=1))
     assert syncs == [False, False, False, True] * 2 + [False, False, True], syncs
     # split_batches: the loader's batch is the global batch.
-    weights, _ = overdrive_weights(batch_size=8, n=32, epochs=1, split_batches=True)
+    from overdrive.config import DataLoaderConfiguration
+
+    weights, _ = overdrive_weights(batch_size=8, n=32, epochs=1,
+                                   dataloader_config=DataLoaderConfiguration(split_batches=True))
     out["split"] = close(weights, reference_weights(make_data(32), [8] * 4, epochs=1))
 
     # clip_grad_norm_ returns the one-process norm of the whole batch's gradient.

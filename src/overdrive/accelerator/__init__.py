@@ -6,6 +6,21 @@ One module per concern: ``facade`` (construction, ``prepare``, the training step
 """
 
 from overdrive.accelerator.facade import Accelerator
-from overdrive.config import GradientAccumulationPlugin
+from overdrive.config import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
 
-__all__ = ["Accelerator", "GradientAccumulationPlugin"]
+# names of accelerate.accelerator that Accelerate's tests patch; prepare_model reads them from here
+from overdrive.helpers.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
+from overdrive.optimizer import AcceleratedOptimizer
+from overdrive.scheduler import AcceleratedScheduler
+from overdrive.state import AcceleratorState, GradientState
+
+# Accelerate's accelerate.accelerator module holds these names too (its own test scripts import
+# DataLoaderConfiguration and GradientAccumulationPlugin from it)
+__all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "Accelerator", "AcceleratorState", "DataLoaderConfiguration",
+           "GradientAccumulationPlugin", "GradientState", "ProfileKwargs", "ProjectConfiguration",
+           "is_bitsandbytes_multi_backend_available", "is_xpu_available"]

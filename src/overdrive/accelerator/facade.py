@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +28,6 @@ from overdrive.accelerator.processes import ProcessSurface
 from overdrive.accelerator.surface import AccelerateSurface
 from overdrive.accelerator.tracking import TrackingVerbs
 from overdrive.accumulation import NO_CONTEXT, AccumulationWindow
-
-# read through this module's names (Accelerate's tests patch accelerate.accelerator.<name>)
-from overdrive.compat.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from overdrive.config import (  # GradientAccumulationPlugin: also a name of accelerate.accelerator
     DataLoaderConfiguration,
     DistributedType,
@@ -70,8 +69,11 @@ def _refuse_quantized_placement(model: nn.Module, device: torch.device, distribu
     device_map = getattr(model, "hf_device_map", None)
     if not device_map:
         return
+    # read through the package (Accelerate's accelerate.accelerator), whose names Accelerate's tests patch
+    package = sys.modules["overdrive.accelerator"]
+
     devices = set(device_map.values())
-    multi_backend = is_bitsandbytes_multi_backend_available()
+    multi_backend = package.is_bitsandbytes_multi_backend_available()
     if len(devices) > 1 and distributed:
         raise ValueError(f"this model was loaded in 8 or 4 bits across the devices {sorted(map(str, devices))}, "
                          "which cannot train in a distributed run; run one process (naive pipeline parallelism "
@@ -83,7 +85,7 @@ def _refuse_quantized_placement(model: nn.Module, device: torch.device, distribu
         if elsewhere and not (device.type == "cpu" and multi_backend):
             raise ValueError(f"this model was loaded in 8 or 4 bits on {where!r}, not on the training device "
                              f"{device}; load it there, e.g. device_map={{'': torch.cuda.current_device()}}")
-    if ("cpu" in devices and (not multi_backend or is_xpu_available())) or "disk" in devices:
+    if ("cpu" in devices and (not multi_backend or package.is_xpu_available())) or "disk" in devices:
         raise ValueError("a model loaded in 8 or 4 bits cannot train with CPU or disk offload (its device map "
                          f"holds {sorted(map(str, devices))}); load it on the training device, or install "
                          "bitsandbytes' multi-backend build to train it on the CPU")
@@ -129,9 +131,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         if unsupported:
             raise TypeError(f"Accelerator() got unexpected arguments {sorted(unsupported)}")
         handlers = split_kwargs_handlers(kwargs_handlers)
-        if split_batches is not None:  # on a copy: the user's object stays as given
-            dataloader_config = copy.copy(dataloader_config or DataLoaderConfiguration())
-            dataloader_config.split_batches = split_batches
+        if split_batches:  # Accelerate 1.15 accepts the argument and ignores it: so does overdrive, and says so
+            warnings.warn("Accelerator(split_batches=True) is ignored (as in Accelerate 1.15): pass "
+                          "dataloader_config=DataLoaderConfiguration(split_batches=True)", stacklevel=2)
         if project_dir is not None:
             project_config = copy.copy(project_config or ProjectConfiguration())
             project_config.set_directories(str(project_dir))

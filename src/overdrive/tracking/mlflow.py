@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from overdrive.compat.environment import str_to_bool
+from overdrive.helpers.environment import str_to_bool
 from overdrive.tracking.base import (
     GeneralTracker,
     flatten,
