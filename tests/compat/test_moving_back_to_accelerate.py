@@ -100,13 +100,34 @@ def test_the_real_accelerate_loads_what_overdrive_saved(tmp_path, processes):
         assert _run(LOAD, processes, folder, "overdrive") == saved
 
 
-def test_a_sharded_run_is_refused_before_anything_is_written():
-    from overdrive.checkpoint.accelerate_layout import check_layout_possible
+def _save_sharded(folder: str) -> tuple[str, list[str]]:
+    """On each of 2 gloo ranks: an FSDP2 run asked for Accelerate's layout; the refusal and the folder after it."""
+    import torch
+
+    from overdrive import Accelerator
     from overdrive.checkpoint.errors import CheckpointError
+    from overdrive.config import FullyShardedDataParallelPlugin
 
-    class Run:  # what check_layout_possible reads of a TrainingState with a DeepSpeed engine
-        engine = object()
-        objects = type("Objects", (), {"models": []})()
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(min_num_params=10))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    accelerator.backward(model(torch.randn(4, 8)).pow(2).mean())
+    optimizer.step()
+    try:
+        accelerator.save_state(folder, accelerate_layout=True)
+        refusal = "saved"
+    except CheckpointError as exc:
+        refusal = str(exc)
+    accelerator.wait_for_everyone()
+    return refusal, sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
-    with pytest.raises(CheckpointError, match="one-process or DDP run only"):
-        check_layout_possible(Run())  # type: ignore[arg-type]
+
+@pytest.mark.timeout(240)
+def test_a_sharded_run_is_refused_before_anything_is_written(tmp_path):
+    from tests.support.distributed import run_distributed
+
+    folder = str(tmp_path / "ckpt")
+    results = run_distributed(_save_sharded, 2, folder, timeout=200)
+    for refusal, written in results:  # every rank refuses alike, and nothing was written
+        assert "one-process or DDP run only" in refusal and "FSDP2" in refusal, refusal
+        assert written == [], written
