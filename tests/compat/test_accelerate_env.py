@@ -136,3 +136,26 @@ def test_rarer_variables_read_checked_and_exported(tmp_path):
     assert placed.stdout.splitlines()[-1] == "cpu:0"
     bad = _run(code, clean_env(tmp_path, ACCELERATE_TORCH_DEVICE="gpu7"))
     assert bad.returncode != 0 and "ACCELERATE_TORCH_DEVICE: 'gpu7' is not a torch device" in bad.stderr
+
+
+def test_every_variable_read_has_a_prefix_the_resolver_looks_for():
+    """launch_config() loads the variables' schema only when a variable with one of these prefixes is set (a
+    start-up without them skips ~45 M instructions), so every variable the schema reads must carry one."""
+    from overdrive.config.launch_settings import by_env
+    from overdrive.launchers.protocol import ACCELERATE_PREFIXES
+
+    names = list(by_env(None))
+    assert names and all(name.startswith(ACCELERATE_PREFIXES) for name in names), \
+        [name for name in names if not name.startswith(ACCELERATE_PREFIXES)]
+
+
+def test_a_start_without_accelerate_variables_does_not_load_the_schema(tmp_path):
+    code = ("import sys; from overdrive.launchers.protocol import launch_config; print(launch_config()); "
+            "print('overdrive.config.launch_settings' in sys.modules)")
+    env = {k: v for k, v in clean_env(tmp_path).items() if not k.startswith(("ACCELERATE_", "FSDP_",
+                                                                             "PARALLELISM_CONFIG_"))}
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert plain.stdout.split() == ["{}", "False"], plain.stderr
+    asked = subprocess.run([sys.executable, "-c", code], env={**env, "ACCELERATE_MIXED_PRECISION": "bf16"},
+                           capture_output=True, text=True, timeout=120)
+    assert asked.stdout.split() == ["{'mixed_precision':", "'bf16'}", "True"], asked.stderr

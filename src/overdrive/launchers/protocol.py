@@ -13,15 +13,20 @@ from typing import Any
 LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
 #: The launcher's process id, so that a worker can die with it (``overdrive.launchers.worker``).
 LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"
+#: Every variable of Accelerate's that the resolver reads starts with one of these (a test checks the schema):
+#: without one, the schema (~45 M instructions to import) is not loaded at all.
+ACCELERATE_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_")
 
 
 def launch_config() -> dict[str, Any]:
     """The settings ``overdrive launch`` resolved for this worker, over those of Accelerate's variables
     (``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_CPU``, ...: set by ``accelerate launch`` or by hand);
     empty when started another way."""
-    from overdrive.config.accelerate_env import settings_from_environment
+    from_accelerate: dict[str, Any] = {}
+    if any(name.startswith(ACCELERATE_PREFIXES) for name in os.environ):
+        from overdrive.config.accelerate_env import settings_from_environment
 
-    from_accelerate = settings_from_environment(os.environ)
+        from_accelerate = settings_from_environment(os.environ)
     raw = os.environ.get(LAUNCH_CONFIG_VAR)
     if not raw:
         return from_accelerate

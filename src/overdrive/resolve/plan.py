@@ -8,9 +8,9 @@ Accelerator's runtime state.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from overdrive._frozen import FrozenValue
 from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -31,45 +31,60 @@ if TYPE_CHECKING:
 
 
 # -- each strategy's own settings, typed: a misspelt setting is a TypeError, not silently dropped -----------
-@dataclass(frozen=True)
-class SingleSettings:
+# (written out rather than as frozen dataclasses: they are built at every start-up, see overdrive._frozen)
+class SingleSettings(FrozenValue):
     """One process: nothing to set."""
 
+    def __init__(self) -> None:
+        self._init(locals())
 
-@dataclass(frozen=True)
-class DDPSettings:
+
+class DDPSettings(FrozenValue):
     """``DistributedDataParallel``'s arguments and communication hook."""
 
-    options: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
+    options: DistributedDataParallelKwargs
+
+    def __init__(self, options: DistributedDataParallelKwargs | None = None) -> None:
+        options = DistributedDataParallelKwargs() if options is None else options
+        self._init(locals())
 
 
-@dataclass(frozen=True)
-class FSDP2Settings:
+class FSDP2Settings(FrozenValue):
     """Sharding (``fully_shard``) settings; precision, compile and checkpointing are the model path's."""
 
-    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
+    fsdp: FullyShardedDataParallelPlugin
+
+    def __init__(self, fsdp: FullyShardedDataParallelPlugin | None = None) -> None:
+        fsdp = FullyShardedDataParallelPlugin() if fsdp is None else fsdp
+        self._init(locals())
 
 
 #: the settings of a strategy that can wrap a pipeline stage
 StageSettings = SingleSettings | DDPSettings | FSDP2Settings
 
 
-@dataclass(frozen=True)
-class PipelineStrategySettings:
-    """A resolved pipeline: its schedule, and the strategy (with its settings) that wraps each stage."""
+class PipelineStrategySettings(FrozenValue):
+    """A resolved pipeline: its schedule, and the strategy (with its settings) that wraps each stage.
+    ``sync_module_states``: make each stage equal over the processes holding it, from the first of them;
+    ``output_pp_rank``: the pipeline rank holding the last stage, whose outputs count when results are
+    gathered."""
 
     schedule: str
     num_microbatches: int
     stages_per_rank: int
     stage_strategy: str
     stage_settings: StageSettings
-    split_points: tuple[str, ...] | None = None
-    balance: str = "layers"
-    loss_fn: Callable[..., Any] | None = None
-    #: make each stage equal over the processes holding it, from the first of them
-    sync_module_states: bool = True
-    #: the pipeline rank holding the last stage, whose outputs count when results are gathered
-    output_pp_rank: int = 0
+    split_points: tuple[str, ...] | None
+    balance: str
+    loss_fn: Callable[..., Any] | None
+    sync_module_states: bool
+    output_pp_rank: int
+
+    def __init__(self, schedule: str, num_microbatches: int, stages_per_rank: int, stage_strategy: str,
+                 stage_settings: StageSettings, split_points: tuple[str, ...] | None = None, balance: str = "layers",
+                 loss_fn: Callable[..., Any] | None = None, sync_module_states: bool = True,
+                 output_pp_rank: int = 0) -> None:
+        self._init(locals())
 
 
 if TYPE_CHECKING:  # (DeepSpeed's module is loaded only for a DeepSpeed run)
@@ -77,8 +92,7 @@ if TYPE_CHECKING:  # (DeepSpeed's module is loaded only for a DeepSpeed run)
     StrategySettings = SingleSettings | DDPSettings | FSDP2Settings | PipelineStrategySettings | DeepSpeedSettings
 
 
-@dataclass(frozen=True)
-class TrainingPlan:
+class TrainingPlan(FrozenValue):
     """Everything an ``Accelerator`` does differently from plain PyTorch, decided once.
 
     It holds copies of the user's configuration objects; what changes while training (the project's
@@ -89,33 +103,53 @@ class TrainingPlan:
     #: the accumulation settings (a copy, with ``num_steps`` resolved)
     accumulation: GradientAccumulationPlugin
     dataloader: DataLoaderConfiguration
-    device_placement: bool = True
-    step_scheduler_with_optimizer: bool = True
-    rng_types: tuple[str, ...] = ()
-    ddp: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
-    scaler: GradScalerKwargs = field(default_factory=GradScalerKwargs)
-    autocast: AutocastKwargs = field(default_factory=AutocastKwargs)
-    profile: ProfileKwargs | None = None
-    project: ProjectConfiguration = field(default_factory=ProjectConfiguration)
-    log_with: tuple[Any, ...] = ()
+    device_placement: bool
+    step_scheduler_with_optimizer: bool
+    rng_types: tuple[str, ...]
+    ddp: DistributedDataParallelKwargs
+    scaler: GradScalerKwargs
+    autocast: AutocastKwargs
+    profile: ProfileKwargs | None
+    project: ProjectConfiguration
+    log_with: tuple[Any, ...]
     #: the strategy's own typed settings (``SingleSettings``, ``DDPSettings``, ``FSDP2Settings``,
     #: ``PipelineStrategySettings`` or DeepSpeed's ``DeepSpeedSettings``)
-    strategy_settings: StrategySettings = field(default_factory=SingleSettings)
+    strategy_settings: StrategySettings
     #: the model path every strategy runs: tensor parallel, activation checkpointing, compile, precision
-    transforms: ModelTransforms = field(default_factory=ModelTransforms)
+    transforms: ModelTransforms
     #: how the processes divide the work (plain DDP: dp_replicate = every process)
-    dims: ParallelDims = field(default_factory=ParallelDims)
+    dims: ParallelDims
     #: whether the job asked for a device mesh (a parallelism config, FSDP or tensor parallel)
-    uses_mesh: bool = False
-    cp_comm_strategy: str = "allgather"
+    uses_mesh: bool
+    cp_comm_strategy: str
     #: with DeepSpeed: the plugins and the settings that fill their "auto" values
-    deepspeed: DeepSpeedSettings | None = None
+    deepspeed: DeepSpeedSettings | None
     #: with mixed_precision="fp8": the recipe (``AORecipeKwargs`` / ``TERecipeKwargs``, defaults filled in)
-    fp8: AORecipeKwargs | TERecipeKwargs | None = None
+    fp8: AORecipeKwargs | TERecipeKwargs | None
     #: the FSDP plugin given (a copy), or None: what ``AcceleratorState.fsdp_plugin`` reports
-    fsdp: FullyShardedDataParallelPlugin | None = None
+    fsdp: FullyShardedDataParallelPlugin | None
     #: the ``InitProcessGroupKwargs`` given, or None: what ``Accelerator.init_handler`` reports
-    init_kwargs: InitProcessGroupKwargs | None = None
+    init_kwargs: InitProcessGroupKwargs | None
+
+    def __init__(self, strategy: str, precision: PrecisionPolicy, accumulation: GradientAccumulationPlugin,
+                 dataloader: DataLoaderConfiguration, device_placement: bool = True,
+                 step_scheduler_with_optimizer: bool = True, rng_types: tuple[str, ...] = (),
+                 ddp: DistributedDataParallelKwargs | None = None, scaler: GradScalerKwargs | None = None,
+                 autocast: AutocastKwargs | None = None, profile: ProfileKwargs | None = None,
+                 project: ProjectConfiguration | None = None, log_with: tuple[Any, ...] = (),
+                 strategy_settings: StrategySettings | None = None, transforms: ModelTransforms | None = None,
+                 dims: ParallelDims | None = None, uses_mesh: bool = False, cp_comm_strategy: str = "allgather",
+                 deepspeed: DeepSpeedSettings | None = None, fp8: AORecipeKwargs | TERecipeKwargs | None = None,
+                 fsdp: FullyShardedDataParallelPlugin | None = None,
+                 init_kwargs: InitProcessGroupKwargs | None = None) -> None:
+        ddp = DistributedDataParallelKwargs() if ddp is None else ddp
+        scaler = GradScalerKwargs() if scaler is None else scaler
+        autocast = AutocastKwargs() if autocast is None else autocast
+        project = ProjectConfiguration() if project is None else project
+        strategy_settings = SingleSettings() if strategy_settings is None else strategy_settings
+        transforms = ModelTransforms() if transforms is None else transforms
+        dims = ParallelDims() if dims is None else dims
+        self._init(locals())
 
     @property
     def dynamo_backend(self) -> str | None:

@@ -3,9 +3,9 @@ code here, so both sides import this module and not each other)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from overdrive._frozen import FrozenValue
 from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.precision.policy import PrecisionPolicy
 
@@ -13,18 +13,23 @@ if TYPE_CHECKING:
     from overdrive.config import AORecipeKwargs, TERecipeKwargs
 
 
-@dataclass(frozen=True)
-class CompileSettings:
-    """``torch.compile`` options (from ``TorchDynamoPlugin`` or ``dynamo_backend``), resolved."""
+class CompileSettings(FrozenValue):
+    """``torch.compile`` options (from ``TorchDynamoPlugin`` or ``dynamo_backend``), resolved.
+    ``regional``: compile each repeated block (once per distinct block class) instead of the whole model.
+    (Written out rather than a frozen dataclass: built at every start-up, see overdrive._frozen.)"""
 
-    backend: str = "inductor"
-    mode: str | None = None
-    fullgraph: bool = False
-    dynamic: bool | None = None
-    options: dict[str, Any] | None = None
-    disable: bool = False
-    #: compile each repeated block (once per distinct block class) instead of the whole model
-    regional: bool = False
+    backend: str
+    mode: str | None
+    fullgraph: bool
+    dynamic: bool | None
+    options: dict[str, Any] | None
+    disable: bool
+    regional: bool
+
+    def __init__(self, backend: str = "inductor", mode: str | None = None, fullgraph: bool = False,
+                 dynamic: bool | None = None, options: dict[str, Any] | None = None, disable: bool = False,
+                 regional: bool = False) -> None:
+        self._init(locals())
 
     def to_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``torch.compile`` / ``Module.compile``."""
@@ -37,18 +42,26 @@ class CompileSettings:
         return kwargs
 
 
-@dataclass(frozen=True)
-class ModelTransforms:
-    """What to do to every prepared model, independent of the model and of the strategy."""
+class ModelTransforms(FrozenValue):
+    """What to do to every prepared model, independent of the model and of the strategy. ``block_names``: class
+    names of the blocks to checkpoint and compile (default: FSDP's wrap names, else the repeated blocks);
+    ``fp8``: the fp8 recipe: ``precision.fp8.apply_fp8`` converts the linear layers right after placement, so
+    tensor parallel, compile and data parallel see float8 modules."""
 
-    tp_plan: dict[str, str] | None = None
-    sequence_parallel: bool = False
-    activation_checkpointing: bool = False
-    #: class names of the blocks to checkpoint and compile (default: FSDP's wrap names, else the repeated blocks)
-    block_names: tuple[str, ...] = ()
-    compile: CompileSettings | None = None
-    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
-    precision: PrecisionPolicy = field(default_factory=PrecisionPolicy)
-    #: the fp8 recipe: ``precision.fp8.apply_fp8`` converts the linear layers right after placement, so tensor
-    #: parallel, compile and data parallel see float8 modules
-    fp8: AORecipeKwargs | TERecipeKwargs | None = None
+    tp_plan: dict[str, str] | None
+    sequence_parallel: bool
+    activation_checkpointing: bool
+    block_names: tuple[str, ...]
+    compile: CompileSettings | None
+    fsdp: FullyShardedDataParallelPlugin
+    precision: PrecisionPolicy
+    fp8: AORecipeKwargs | TERecipeKwargs | None
+
+    def __init__(self, tp_plan: dict[str, str] | None = None, sequence_parallel: bool = False,
+                 activation_checkpointing: bool = False, block_names: tuple[str, ...] = (),
+                 compile: CompileSettings | None = None, fsdp: FullyShardedDataParallelPlugin | None = None,
+                 precision: PrecisionPolicy | None = None, fp8: AORecipeKwargs | TERecipeKwargs | None = None
+                 ) -> None:
+        fsdp = FullyShardedDataParallelPlugin() if fsdp is None else fsdp
+        precision = PrecisionPolicy() if precision is None else precision
+        self._init(locals())
