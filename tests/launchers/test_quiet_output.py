@@ -80,3 +80,29 @@ def test_the_hang_report_leads_with_the_rank_the_collective_and_what_to_do():
     text = _format(frames)
     assert "train.py" in text and "torch/autograd/m0.py" in text and "m1.py" not in text
     assert "... 3 more frames inside torch" in text
+
+
+@pytest.mark.timeout(150)
+def test_stdout_and_stderr_keep_the_workers_order_when_piped_together(tmp_path):
+    """A progress line on stderr and a result printed on stdout right after it (the demo's last progress line
+    and its accuracy) reach a pipe that takes both (``2>&1 | ...``) in the order the worker wrote them; stderr
+    alone still goes to stderr and stdout to stdout."""
+    script = tmp_path / "order.py"
+    script.write_text("import sys\nimport os\nif os.environ['RANK'] == '0':\n    for i in range(6):\n"
+                      "        sys.stderr.write(f'progress {i}\\n')\n        print(f'result {i}')\n"
+                      "    sys.stdout.write('tail without newline')\n")
+    env = clean_env(tmp_path)
+    merged = subprocess.run([sys.executable, "-m", "overdrive.cli", "launch", "--cpu", "--num_processes", "2",
+                             str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=140)
+    assert merged.returncode == 0, merged.stdout
+    lines = [line for line in merged.stdout.splitlines() if line.startswith(("progress", "result"))]
+    assert lines == [f"{kind} {i}" for i in range(6) for kind in ("progress", "result")], merged.stdout
+    assert merged.stdout.rstrip().endswith("tail without newline"), merged.stdout
+    apart = subprocess.run([sys.executable, "-m", "overdrive.cli", "launch", "--cpu", "--num_processes", "2",
+                            str(script)], env=env, capture_output=True, text=True, timeout=140)
+    assert [line for line in apart.stdout.splitlines() if line.startswith("result")] == \
+        [f"result {i}" for i in range(6)], apart.stdout
+    assert "progress" not in apart.stdout and "result" not in apart.stderr
+    assert [line for line in apart.stderr.splitlines() if line.startswith("progress")] == \
+        [f"progress {i}" for i in range(6)], apart.stderr

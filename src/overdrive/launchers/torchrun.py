@@ -26,8 +26,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from overdrive.launchers import relay
 from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, LAUNCHER_PID_VAR, encode_launch_config
 
 
@@ -139,6 +140,8 @@ def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
         env["OMP_NUM_THREADS"] = str(default_threads(local))
     if plan.debug:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    if not plan.tee:  # stderr goes to a file the launcher copies: stdout joins it, in order (relay.py)
+        env[relay.FRAMED_STDOUT_VAR] = "1"
     env.update(plan.visible_devices)
     # what Accelerate's launcher exports, for libraries that read it themselves (transformers' TrainingArguments)
     from overdrive.config.accelerate_env import variables_for_workers
@@ -333,6 +336,7 @@ class StderrCopier:
         self._root = Path(log_dir)
         self._interval = interval
         self._offsets: dict[Path, int] = {}
+        self._left: dict[Path, bytes] = {}  # an incomplete stdout record, per file
         self._files: list[Path] = []
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="overdrive-stderr", daemon=True)
@@ -347,6 +351,9 @@ class StderrCopier:
             self._done.set()
             self._thread.join(timeout=5)
             self._copy()
+            for left in self._left.values():  # what the workers left unfinished (killed while writing)
+                if left:
+                    _write(sys.stderr, left)
 
     def _loop(self) -> None:
         rounds = 0
@@ -357,7 +364,6 @@ class StderrCopier:
             self._copy(rescan=rounds % 20 == 1)
 
     def _copy(self, rescan: bool = True) -> None:
-        out = getattr(sys.stderr, "buffer", None)
         if rescan or not self._files:
             self._files = sorted(self._root.glob("*/attempt_*/*/stderr.log"))
         for path in self._files:
@@ -370,12 +376,22 @@ class StderrCopier:
                 continue
             if data:
                 self._offsets[path] = offset + len(data)
-                if out is not None:
-                    sys.stderr.flush()
-                    out.write(data)
-                    out.flush()
-                else:
-                    sys.stderr.write(data.decode(errors="replace"))
+                # the worker's stdout records come back out to stdout, in the order written (launchers/relay.py)
+                pieces, self._left[path] = relay.split(self._left.get(path, b"") + data)
+                for is_stdout, piece in pieces:
+                    _write(sys.stdout if is_stdout else sys.stderr, piece)
+
+
+def _write(stream: TextIO, data: bytes) -> None:
+    """``data`` to ``stream`` (its bytes unchanged where it has a buffer), flushed."""
+    out = getattr(stream, "buffer", None)
+    if out is not None:
+        stream.flush()
+        out.write(data)
+        out.flush()
+    else:
+        stream.write(data.decode(errors="replace"))
+        stream.flush()
 
 
 def _stderr_file(log_dir: str, local_rank: int) -> Path | None:
@@ -405,7 +421,7 @@ def _failure_text(failure: Any, log_dir: str) -> tuple[str, str]:
         trace = message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
         return "traceback", str(trace)
     path = _stderr_file(log_dir, failure.local_rank)
-    return "stderr", path.read_text(errors="replace") if path else ""
+    return "stderr", relay.stderr_text(path.read_bytes()) if path else ""
 
 
 def _failure_time(failure: Any, log_dir: str) -> float:
@@ -474,7 +490,7 @@ def find_hang_report(log_dir: str) -> dict[str, Any] | None:
 
     for path in sorted(Path(log_dir).glob("*/attempt_*/*/stderr.log")):
         try:
-            text = path.read_text(errors="replace")
+            text = relay.stderr_text(path.read_bytes())
         except OSError:
             continue
         for line in reversed(text.splitlines()):

@@ -20,6 +20,7 @@ import sys
 from types import TracebackType
 
 from overdrive.launchers.protocol import LAUNCHER_PID_VAR
+from overdrive.launchers.relay import FRAMED_STDOUT_VAR, frame_stdout
 
 _PR_SET_PDEATHSIG = 1
 
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     pid = os.environ.get(LAUNCHER_PID_VAR, "")
     die_with_parent(int(pid) if pid.isdigit() else None)
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    if os.environ.get(FRAMED_STDOUT_VAR) == "1" and kind != "program":
+        frame_stdout()  # stdout joins the stderr file the launcher copies, in the order written
     if kind == "program":
         os.execvp(target, [target, *args])  # the parent-death signal survives exec
     sys.argv = [target, *args]
