@@ -188,10 +188,11 @@ def ranks_worker(contender: str, folder: str, size: dict[str, int]) -> None:
         start = time.perf_counter()
         model = library.load_checkpoint_and_dispatch(model, folder, device_map={"": "cpu"})
         load_s = time.perf_counter() - start
+    loaded = _smaps()
     with torch.no_grad():
         model(tokens)
     after = _smaps()
-    print("done " + json.dumps({**after, "load_s": load_s, "peak_rss": memory.peak - memory.start,
+    print("done " + json.dumps({**after, "loaded": loaded, "load_s": load_s, "peak_rss": memory.peak - memory.start,
                                 "peak_private": memory.peak_private - (memory.start - memory.start_file),
                                 "peak_file": memory.peak_file - memory.start_file}), flush=True)
     sys.stdin.readline()
@@ -233,6 +234,9 @@ def _run_ranks(contender: str, ranks: int, folder: Path, args: argparse.Namespac
 
     return {"ranks": ranks, "load_s": max(d["load_s"] for d in done),
             "peak_private": max(d["peak_private"] for d in done), "peak_file": max(d["peak_file"] for d in done),
+            "private_after_load": max(d["loaded"]["Anonymous"] - r["Anonymous"] for r, d in zip(ready, done)),
+            "private_of_forward": max(d["Anonymous"] - d["loaded"]["Anonymous"] for d in done),
+            "private_of_forward_sum": sum(d["Anonymous"] - d["loaded"]["Anonymous"] for d in done),
             "private_after": max(above("Anonymous")),
             "file_after": max(r - a for r, a in zip(above("Rss"), above("Anonymous"))),
             "pss_sum": sum(above("Pss")), "machine_used": used_after - used_before}
@@ -289,21 +293,28 @@ def _table(summary: dict[str, Any], facts: dict[str, int]) -> str:
 
 def _memory_table(rows: dict[str, dict[int, dict[str, Any]]], facts: dict[str, int]) -> str:
     mb, model = 1e6, facts["model_bytes"]
-    lines = ["| processes | contender | load (s) | peak private (MB) | peak file-backed (MB) | private after forward "
-             "(MB, % of model) | file-backed after forward (MB) | PSS sum of all processes (MB) | machine used (MB) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| processes | contender | load (s) | peak private (MB) | peak file-backed (MB) | private after load (MB) | "
+             "private after forward (MB, % of model) | of which the forward's (MB) | file-backed after forward (MB) | "
+             "PSS sum of all processes (MB) | machine used (MB) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for ranks in sorted({r for by in rows.values() for r in by}):
         for contender in ("overdrive", "accelerate"):
             r = rows[contender][ranks]
             lines.append(f"| {ranks} | {contender} | {r['load_s']:.2f} | {r['peak_private'] / mb:.0f} | "
-                         f"{r['peak_file'] / mb:.0f} | {r['private_after'] / mb:.0f} ({100 * r['private_after'] / model:.0f}%) | "
+                         f"{r['peak_file'] / mb:.0f} | {r.get('private_after_load', 0) / mb:.1f} | "
+                         f"{r['private_after'] / mb:.0f} ({100 * r['private_after'] / model:.0f}%) | "
+                         f"{r.get('private_of_forward', 0) / mb:.1f} | "
                          f"{r['file_after'] / mb:.0f} | {r['pss_sum'] / mb:.0f} | {r['machine_used'] / mb:.0f} |")
     notes = []
     for contender in ("overdrive", "accelerate"):
         by = rows[contender]
         if 1 in by and max(by) > 1:
             top = max(by)
+            # what the loads leave: each process's own forward work memory (activations, torch's first-run
+            # caches: the same with any loader) taken out
+            loads = {n: by[n]["pss_sum"] - by[n].get("private_of_forward_sum", 0) for n in (1, top)}
             notes.append(f"{contender}: {top} processes / 1 process: PSS sum x{by[top]['pss_sum'] / by[1]['pss_sum']:.2f}, "
+                         f"without each process's forward work memory x{loads[top] / loads[1]:.2f}, "
                          f"machine used x{by[top]['machine_used'] / max(by[1]['machine_used'], 1):.2f}")
     return "\n".join(lines) + "\n" + "; ".join(notes)
 
