@@ -1,7 +1,7 @@
 """``FrozenValue``: the base of the resolver's frozen value types (the plan and its parts).
 
 A frozen dataclass builds its methods by compiling generated source when its module is imported: 2.5-10 M
-instructions a class here (the plan's 23 fields cost 10.7 M), paid at every start-up, where a class written
+instructions a class here (a 23-field one costs 10.7 M), paid at every start-up, where a class written
 out is compiled once into the bytecode cache. These classes are built on every start, so they are written out:
 the fields are the class's annotations, ``__init__`` is ordinary code, and this base gives what the dataclass
 gave: assignment refused (``dataclasses.FrozenInstanceError``), equality, hash and repr over the fields in order.
