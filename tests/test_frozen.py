@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from overdrive.resolve.plan import DDPSettings, PipelineStrategySettings, TrainingPlan
-from overdrive.transforms.path import CompileSettings, ModelTransforms
+from overdrive.transforms.settings import CompileSettings, ModelTransforms
 
 
 def test_frozen_equal_hashable_printable_and_copyable_like_a_frozen_dataclass():
