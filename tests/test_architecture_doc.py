@@ -72,3 +72,64 @@ def test_the_layer_table_names_every_layered_module() -> None:
             if f"{path}.py" not in named and f"{path}/" not in named:
                 missing.append(prefix)
     assert not missing, f"ARCHITECTURE.md's layer table does not name {missing} (tests/test_layering.py LAYERS)"
+
+
+# -- the "How to add ..." recipes, each done once: one new file (here a module in tmp_path) and nothing else
+
+def _import_file(tmp_path: Path, name: str, source: str):  # noqa: ANN202 - a module
+    """Write ``source`` as the module ``name`` in ``tmp_path`` and import it (as a user's own file would be)."""
+    import sys
+    import textwrap
+
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(name, None)
+
+
+def test_recipe_a_tracker_is_one_module(tmp_path: Path) -> None:
+    """A ``GeneralTracker`` subclass and its ``register_tracker`` line, in the user's own module: ``log_with``
+    then starts it by name, and it receives the configuration, the values and the end of training."""
+    from overdrive import Accelerator
+    from overdrive.tracking.base import unregister_tracker
+
+    module = _import_file(tmp_path, "recipe_tracker", '''
+        from overdrive.tracking import GeneralTracker, register_tracker
+
+        EVENTS = []
+
+        class ListTracker(GeneralTracker):
+            """Records what it is given."""
+
+            name = "recipe_list"
+
+            def __init__(self, run_name):
+                self.run_name = run_name
+
+            def start(self):
+                EVENTS.append(("start", self.run_name))
+
+            def store_init_configuration(self, values):
+                EVENTS.append(("config", values))
+
+            def log(self, values, step=None, **kwargs):
+                EVENTS.append(("log", values, step))
+
+            def finish(self):
+                EVENTS.append(("finish",))
+
+        register_tracker("recipe_list", ListTracker)
+    ''')
+    try:
+        accelerator = Accelerator(log_with="recipe_list")
+        accelerator.init_trackers("recipe_run", config={"lr": 0.1})
+        accelerator.log({"loss": 1.5}, step=3)
+        assert isinstance(accelerator.get_tracker("recipe_list", unwrap=True), module.ListTracker)
+        accelerator.end_training()
+        assert module.EVENTS == [("start", "recipe_run"), ("config", {"lr": 0.1}), ("log", {"loss": 1.5}, 3),
+                                 ("finish",)]
+    finally:
+        unregister_tracker("recipe_list")
