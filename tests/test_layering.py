@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("overdrive.runtime",),
     # 2 helpers over torch and the runtime: collectives over nested structures, logging, seeds, memory, the
     #   environment and availability helpers
-    ("overdrive.helpers", "overdrive.ops", "overdrive.logging"),
+    ("overdrive.helpers",),
     # 3 the launchers: torchrun hand-off, notebook, worker entry, the launch handoff protocol, config file
     ("overdrive.launchers",),
     ("overdrive.precision",),

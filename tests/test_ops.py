@@ -1,4 +1,4 @@
-"""overdrive.ops: nested-structure helpers (one process) and the collectives on real gloo groups."""
+"""overdrive.helpers.ops: nested-structure helpers (one process) and the collectives on real gloo groups."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from overdrive import ops
+from overdrive.helpers import ops
 from tests.support.distributed import run_distributed
 
 Pair = namedtuple("Pair", ["x", "y"])

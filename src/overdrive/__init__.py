@@ -51,7 +51,7 @@ _EXPORTS = {
     "release_memory": "overdrive.helpers.memory",
     "set_seed": "overdrive.helpers.random",
     "synchronize_rng_states": "overdrive.helpers.random",
-    "get_logger": "overdrive.logging",
+    "get_logger": "overdrive.helpers.logging",
     "notebook_launcher": "overdrive.launchers.notebook",
     "debug_launcher": "overdrive.launchers.notebook",
     # big-model inference (Accelerate's top-level names)
@@ -119,8 +119,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TorchTensorParallelPlugin,
     )
     from overdrive.data import prepare_data_loader, skip_first_batches
+    from overdrive.helpers.logging import get_logger
     from overdrive.helpers.memory import find_executable_batch_size, release_memory
     from overdrive.helpers.random import set_seed, synchronize_rng_states
     from overdrive.launchers.notebook import debug_launcher, notebook_launcher
-    from overdrive.logging import get_logger
     from overdrive.state import AcceleratorState, GradientState, PartialState

@@ -10,7 +10,7 @@ def _collect_with_history() -> dict:
     import torch
 
     from overdrive import Accelerator
-    from overdrive.ops import gather, pad_across_processes, reduce
+    from overdrive.helpers.ops import gather, pad_across_processes, reduce
 
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index

@@ -17,7 +17,7 @@ from overdrive.compat.operations import CannotPadNestedTensorWarning, convert_ou
 from overdrive.compat.other import clean_state_dict_for_safetensors, get_model_tp_size
 from overdrive.helpers.environment import convert_dict_to_env_variables, purge_accelerate_environment
 from overdrive.helpers.misc import extract_model_from_parallel
-from overdrive.ops import concatenate, pad_across_processes, recursively_apply
+from overdrive.helpers.ops import concatenate, pad_across_processes, recursively_apply
 from overdrive.tracking import GeneralTracker
 from tests.support.distributed import run_distributed
 

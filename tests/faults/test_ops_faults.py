@@ -11,7 +11,7 @@ from tests.support.distributed import run_distributed
 
 
 def _raises(fn):
-    from overdrive import ops
+    from overdrive.helpers import ops
 
     try:
         fn()
@@ -23,7 +23,7 @@ def _raises(fn):
 def _mismatches() -> dict:
     import torch.distributed as dist
 
-    from overdrive import ops
+    from overdrive.helpers import ops
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank = dist.get_rank()

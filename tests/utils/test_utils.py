@@ -1,4 +1,4 @@
-"""overdrive.helpers.random, overdrive.helpers.memory and overdrive.logging, on one process and on gloo."""
+"""overdrive.helpers.random, overdrive.helpers.memory and overdrive.helpers.logging, on one process and on gloo."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from overdrive.helpers.logging import MultiProcessAdapter, get_logger
 from overdrive.helpers.memory import (
     clear_device_cache,
     find_executable_batch_size,
@@ -16,7 +17,6 @@ from overdrive.helpers.memory import (
     should_reduce_batch_size,
 )
 from overdrive.helpers.random import set_seed, synchronize_rng_state, synchronize_rng_states
-from overdrive.logging import MultiProcessAdapter, get_logger
 from tests.support.distributed import run_distributed
 
 # ---------------------------------------------------------------------------------------------- memory

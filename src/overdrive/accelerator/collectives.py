@@ -1,7 +1,7 @@
 """The ``Accelerator``'s collectives over nested structures: ``gather``, ``gather_for_metrics``, ``reduce``,
 ``pad_across_processes``, the trigger flag and ``join_uneven_inputs``.
 
-``Accelerator`` inherits them; they run ``overdrive.ops`` over the mesh's data-parallel share and read the
+``Accelerator`` inherits them; they run ``overdrive.helpers.ops`` over the mesh's data-parallel share and read the
 end of the data from the gradient state.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import overdrive.ops as ops
+import overdrive.helpers.ops as ops
 
 if TYPE_CHECKING:
     from overdrive.prepared import PreparedObjects

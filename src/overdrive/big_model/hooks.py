@@ -18,7 +18,7 @@ from torch import nn
 
 from overdrive.big_model.sizes import named_module_tensors, retie_parameters
 from overdrive.big_model.tensors import module_and_leaf, set_module_tensor_to_device
-from overdrive.ops import find_device, send_to_device
+from overdrive.helpers.ops import find_device, send_to_device
 
 __all__ = ["ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook",
            "add_hook_to_module", "remove_hook_from_module",

@@ -1,4 +1,4 @@
-"""The ``accelerate.utils.operations`` names that ``overdrive.ops`` does not define itself."""
+"""The ``accelerate.utils.operations`` names that ``overdrive.helpers.ops`` does not define itself."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-import overdrive.ops as ops
-from overdrive.ops import CannotPadNestedTensorWarning  # noqa: F401 (Accelerate's name, in accelerate.utils)
+import overdrive.helpers.ops as ops
+from overdrive.helpers.ops import CannotPadNestedTensorWarning  # noqa: F401 (Accelerate's name, in accelerate.utils)
 
 
 def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module: Any = None,  # noqa: N802

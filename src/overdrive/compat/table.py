@@ -25,10 +25,11 @@ _THIN = ("data_loader", "checkpointing", "parallelism_config", "utils.dataclasse
          "commands.config.default", "commands.launch", "commands.env", "commands.test", "commands.estimate",
          "commands.to_fsdp2", "commands.tpu", "test_utils", "test_utils.testing", "test_utils.training")
 #: modules overdrive has in its own layout at Accelerate's path
-_OWN = ("accelerator", "state", "logging", "tracking", "optimizer", "scheduler", "launchers")
+_OWN = ("accelerator", "state", "tracking", "optimizer", "scheduler", "launchers")
 #: Accelerate paths whose module overdrive keeps elsewhere: served as that very module (the same object)
 SAME_MODULE: dict[str, str] = {
     "overdrive.local_sgd": "overdrive.accelerator.local_sgd",
+    "overdrive.logging": "overdrive.helpers.logging",
     "overdrive.utils.memory": "overdrive.helpers.memory",
     "overdrive.utils.random": "overdrive.helpers.random",
 }
@@ -36,8 +37,8 @@ SAME_MODULE: dict[str, str] = {
 BIG_MODEL = ("hooks", "big_modeling", "inference", "utils.modeling", "utils.offload")
 
 MODULES: dict[str, str] = {"accelerate": "overdrive"} | {
-    f"accelerate.{path}": f"overdrive.{path}" for path in (*_OWN, *_THIN, *BIG_MODEL, "local_sgd", "utils",
-                                                             "utils.memory", "utils.random")}
+    f"accelerate.{path}": f"overdrive.{path}"
+    for path in (*_OWN, *_THIN, *BIG_MODEL, "utils", *(p.removeprefix("overdrive.") for p in SAME_MODULE))}
 
 #: Accelerate modules with no counterpart, and why
 ABSENT_MODULES: dict[str, str] = {
@@ -62,7 +63,8 @@ def _names(source: str, text: str) -> dict[str, str]:
     return dict.fromkeys(text.split(), source)
 
 
-_C, _OPS, _REF, _IMP = "overdrive.config", "overdrive.ops", "overdrive.compat.refusals", "overdrive.helpers.imports"
+_C, _OPS, _REF = "overdrive.config", "overdrive.helpers.ops", "overdrive.compat.refusals"
+_IMP = "overdrive.helpers.imports"
 _OTHER, _ENV, _K = "overdrive.compat.other", "overdrive.helpers.environment", "overdrive.compat.constants"
 _CLI, _CMD = "overdrive.compat.cli_launch", "overdrive.compat.cli_commands"
 _IS_AVAILABLE = (

@@ -30,7 +30,7 @@ from overdrive.data.sampler import (
     IterableDatasetShard,
     _check_index,
 )
-from overdrive.ops import honor_mapping, honor_type
+from overdrive.helpers.ops import honor_mapping, honor_type
 from overdrive.runtime import group
 from overdrive.state import GradientState
 

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from overdrive.data.sampler import BatchSamplerShard, IterableDatasetShard
 from overdrive.data.shuffling import _find_seedable
 from overdrive.data.stateful import SelfReference, stateful_loader_class
-from overdrive.ops import send_to_device
+from overdrive.helpers.ops import send_to_device
 from overdrive.runtime import group
 from overdrive.state import GradientState
 
@@ -176,7 +176,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         """``gather_for_metrics`` at this process's last batch, when longer processes run more steps: remember
         the call, so that the end of the loop can join their gathers with an empty contribution."""
         if self.end_of_dataloader and self.steps_after_own_end() > 0:
-            from overdrive.ops import recursively_apply
+            from overdrive.helpers.ops import recursively_apply
 
             empty = recursively_apply(lambda t: t[:0] if t.ndim else t.reshape(1)[:0], local) if tensors else None
             self.__dict__.setdefault("_final_gathers", []).append((tensors, empty))
@@ -186,7 +186,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         calls = self.__dict__.pop("_final_gathers", [])
         if not calls:
             return
-        import overdrive.ops as ops
+        import overdrive.helpers.ops as ops
 
         for _ in range(self.steps_after_own_end()):
             for tensors, empty in calls:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from overdrive.config import AutocastKwargs, GradScalerKwargs
-from overdrive.ops import convert_to_fp32
+from overdrive.helpers.ops import convert_to_fp32
 from overdrive.precision.policy import PrecisionPolicy
 
 

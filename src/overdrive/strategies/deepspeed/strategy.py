@@ -312,7 +312,7 @@ def _hidden_size(model: nn.Module) -> int | None:
 
 def _cast_io(engine: Any, config: dict[str, Any]) -> list[Any]:
     """Cast floating inputs to the engine's 16-bit dtype and floating outputs back to fp32."""
-    from overdrive.ops import convert_to_fp32, recursively_apply
+    from overdrive.helpers.ops import convert_to_fp32, recursively_apply
 
     dtype = (torch.bfloat16 if (config.get("bf16") or {}).get("enabled") is True
              else torch.float16 if (config.get("fp16") or {}).get("enabled") is True else None)

@@ -1,6 +1,6 @@
 """Loggers that know about processes: log once from the main process, or from every process in rank order.
 
-    from overdrive.logging import get_logger
+    from overdrive.helpers.logging import get_logger
     logger = get_logger(__name__, log_level="INFO")
     logger.info("starting")                                          # rank 0 only
     logger.info("my shard has %d rows", n, main_process_only=False)  # every rank
