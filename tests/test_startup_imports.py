@@ -72,3 +72,16 @@ def test_one_process_start_loads_only_what_it_uses(tmp_path):
     assert loaded_at_init == [], f"Accelerator() loaded {loaded_at_init}"
     loaded = [m for m in NOT_AFTER_FIRST_STEP if m in seen["after_step"]]
     assert loaded == [], f"a one-process first step loaded {loaded}, which it does not use"
+
+
+def test_import_overdrive_loads_no_more_of_the_standard_library_than_it_needs():
+    # the served-paths finder (compat/paths.py) installs at `import overdrive`: a base class from importlib.abc
+    # pulled in importlib.resources and tempfile (~10 ms on 2 cores) before anything was used
+    code = "import sys, json; import overdrive; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout))
+    assert not loaded & {"importlib.abc", "importlib.resources", "tempfile", "torch"}, sorted(
+        loaded & {"importlib.abc", "importlib.resources", "tempfile", "torch"})
+    assert sorted(m for m in loaded if m.startswith("overdrive")) == [
+        "overdrive", "overdrive._lazy", "overdrive._version", "overdrive.compat", "overdrive.compat.paths"]

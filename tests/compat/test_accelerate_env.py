@@ -101,7 +101,7 @@ def test_rarer_variables_read_checked_and_exported(tmp_path):
         "ACCELERATE_TORCH_DEVICE": "cpu:0", "ACCELERATE_USE_MEGATRON_LM": "true", "ACCELERATE_CPU_AFFINITY": "1",
         "ACCELERATE_USE_PARALLELISM_CONFIG": "false", "PARALLELISM_CONFIG_TP_SIZE": "2",  # switched off: ignored
         "ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "ao"})
-    assert settings == {"torch_device": "cpu:0", "distributed_type": "MEGATRON_LM", "cpu_affinity": True,
+    assert settings == {"torch_device": "cpu:0", "distributed_type": "MEGATRON_LM", "enable_cpu_affinity": True,
                         "mixed_precision": "fp8", "fp8_config": {"backend": "AO"}}
     # the fp8 back end means something only with fp8 mixed precision (as in Accelerate)
     assert settings_from_environment({"ACCELERATE_FP8_BACKEND": "TE"}) == {}
@@ -117,7 +117,7 @@ def test_rarer_variables_read_checked_and_exported(tmp_path):
     with pytest.raises(ValueError, match="ACCELERATE_USE_MEGATRON_LM and ACCELERATE_USE_DEEPSPEED are both set"):
         settings_from_environment({"ACCELERATE_USE_MEGATRON_LM": "1", "ACCELERATE_USE_DEEPSPEED": "1"})
 
-    variables = variables_for_workers({"distributed_type": "MEGATRON_LM", "torch_device": "cpu", "cpu_affinity": True,
+    variables = variables_for_workers({"distributed_type": "MEGATRON_LM", "torch_device": "cpu", "enable_cpu_affinity": True,
                                        "parallelism_config": {"parallelism_config_tp_size": 2},
                                        "mixed_precision": "fp8", "fp8_config": {"backend": "AO"}})
     assert {k: variables[k] for k in ("ACCELERATE_USE_MEGATRON_LM", "ACCELERATE_TORCH_DEVICE",

@@ -333,7 +333,7 @@ SETTINGS: tuple[Setting, ...] = (
     # -- other Accelerate flags and keys
     S("downcast_bf16", Bool(), "TPU bf16 setting; accepted, no effect elsewhere (as in Accelerate)", yaml=True,
       env="ACCELERATE_DOWNCAST_BF16", flag=True, switch=True, group="other"),
-    S("cpu_affinity", Bool(), "pin each process to the CPUs near its GPU", yaml="enable_cpu_affinity",
+    S("enable_cpu_affinity", Bool(), "pin each process to the CPUs near its GPU", yaml=True,
       env="ACCELERATE_CPU_AFFINITY", flag="enable_cpu_affinity", switch=True, group="other"),
     S("main_training_function", Text(), "TPU launches' entry function; accepted, no effect elsewhere (as in "
       "Accelerate)", yaml=True, flag=True, group="other"),
