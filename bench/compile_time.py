@@ -102,7 +102,7 @@ def prepared(mode: str, blocks: int, options: dict | None = None):
         pass
     else:  # overdrive's regional compilation, as a user turns it on
         from overdrive import Accelerator, TorchDynamoPlugin
-        from overdrive.state import AcceleratorState, GradientState
+        from overdrive.training.state import AcceleratorState, GradientState
 
         AcceleratorState._reset_state()
         GradientState._reset_state()

@@ -82,7 +82,7 @@ def plain_loop(mode: str, data: TensorDataset, scheduler: bool = False):
 
 def overdrive_loop(mode: str, data: TensorDataset, scheduler: bool = False):
     from overdrive import Accelerator
-    from overdrive.state import AcceleratorState, GradientState
+    from overdrive.training.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state()
     GradientState._reset_state()

@@ -81,7 +81,7 @@ def build_plain(workload, data, batch, world, rank, compiled=False):
 
 def build_overdrive(workload, data, batch, world, rank, compiled=False):
     from overdrive import Accelerator
-    from overdrive.state import AcceleratorState, GradientState
+    from overdrive.training.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state()  # a previous workload's Accelerator in this process
     GradientState._reset_state()

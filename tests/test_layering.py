@@ -30,8 +30,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("overdrive.transforms",),
     ("overdrive.tracking",),
     ("overdrive.resolve",),
-    ("overdrive.state", "overdrive.accumulation", "overdrive.prepared"),
-    ("overdrive.data", "overdrive.optimizer", "overdrive.scheduler"),
+    # 8 the objects one training loop runs through: process and gradient state, the accumulation window, the
+    #   prepared-objects registry, the optimizer and scheduler wrappers
+    ("overdrive.training",),
+    ("overdrive.data",),
     ("overdrive.strategies",),
     ("overdrive.checkpoint", "overdrive.big_model"),
     ("overdrive.accelerator",),

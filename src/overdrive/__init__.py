@@ -21,9 +21,9 @@ install_served_paths()
 # public name -> module that defines it
 _EXPORTS = {
     "Accelerator": "overdrive.accelerator",
-    "PartialState": "overdrive.state",
-    "AcceleratorState": "overdrive.state",
-    "GradientState": "overdrive.state",
+    "PartialState": "overdrive.training.state",
+    "AcceleratorState": "overdrive.training.state",
+    "GradientState": "overdrive.training.state",
     "DistributedType": "overdrive.config",
     "DataLoaderConfiguration": "overdrive.config",
     "GradientAccumulationPlugin": "overdrive.config",
@@ -123,4 +123,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from overdrive.helpers.memory import find_executable_batch_size, release_memory
     from overdrive.helpers.random import set_seed, synchronize_rng_states
     from overdrive.launchers.notebook import debug_launcher, notebook_launcher
-    from overdrive.state import AcceleratorState, GradientState, PartialState
+    from overdrive.training.state import AcceleratorState, GradientState, PartialState

@@ -12,8 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from overdrive import Accelerator, GradientAccumulationPlugin
-from overdrive.accumulation import AccumulationWindow
-from overdrive.state import GradientState
+from overdrive.training.accumulation import AccumulationWindow
+from overdrive.training.state import GradientState
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "src" / "overdrive" / "checkpoint"
 

@@ -45,7 +45,7 @@ def test_step_counts_as_accelerate_counts(num_steps, sync_with_dataloader):
     import accelerate
 
     import overdrive
-    from overdrive.state import GradientState
+    from overdrive.training.state import GradientState
 
     try:
         expected = _trace(accelerate, num_steps, sync_with_dataloader)

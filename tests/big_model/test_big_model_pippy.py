@@ -48,7 +48,7 @@ def test_prepare_pippy_matches_one_process() -> None:
 
 def test_prepare_pippy_with_one_process_runs_the_whole_model() -> None:
     from overdrive.inference import prepare_pippy
-    from overdrive.state import PartialState
+    from overdrive.training.state import PartialState
 
     model = Toy(tie=False)
     x = torch.randint(0, 20, (3, 4))

@@ -22,7 +22,7 @@ from overdrive import Accelerator
 from overdrive.checkpoint import CheckpointError, merge_weights_main
 from overdrive.checkpoint.codec import decode, encode
 from overdrive.checkpoint.storage import SafeLoadPlanner, checksum
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 from tests.checkpoint.test_checkpoint_distributed import BATCH, Run, same, setup, snapshot, train
 
 

@@ -131,7 +131,7 @@ def test_worker_resolves_the_flags(script: Path, monkeypatch: pytest.MonkeyPatch
     dynamic, regional compilation), with no argument in the script."""
     from overdrive import Accelerator
     from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR
-    from overdrive.state import AcceleratorState
+    from overdrive.training.state import AcceleratorState
 
     parser = Parser(prog="overdrive launch")
     add_launch_flags(parser)

@@ -218,7 +218,7 @@ def test_trackers_needing_a_directory_are_refused_without_one_and_registration_i
 
 def test_partial_state_debug_is_settable_and_shared():
     # test_cpu.py (Accelerate's test_ops.py sets PartialState().debug = True)
-    from overdrive.state import PartialState
+    from overdrive.training.state import PartialState
 
     state = PartialState()
     before = state.debug

@@ -18,7 +18,7 @@ from overdrive.data import (
     prepare_data_loader,
     skip_first_batches,
 )
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 
 
 @pytest.fixture(autouse=True)

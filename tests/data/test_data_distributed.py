@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from overdrive.data import SeedableRandomSampler, prepare_data_loader
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 from tests.data.test_data import expected_shards
 from tests.support.distributed import run_distributed
 

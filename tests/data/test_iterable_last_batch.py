@@ -50,7 +50,7 @@ def _epoch(package: str, case: tuple, sized: bool = False) -> list:
 
 
 def _both(cases: list) -> tuple[list, list, list]:
-    from overdrive.state import GradientState
+    from overdrive.training.state import GradientState
 
     reference = [_epoch("accelerate", case) for case in cases]
     ours = [_epoch("overdrive", case) for case in cases]

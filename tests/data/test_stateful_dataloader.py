@@ -31,7 +31,7 @@ def _loaders(accelerator) -> dict:
 
 def _accelerator(dispatch: bool | None = None):
     from overdrive import Accelerator, DataLoaderConfiguration
-    from overdrive.state import GradientState
+    from overdrive.training.state import GradientState
 
     GradientState._reset_state()
     config = DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=dispatch)

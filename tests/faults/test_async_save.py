@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from overdrive import Accelerator, ProjectConfiguration
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 from tests.support.distributed import run_distributed
 
 

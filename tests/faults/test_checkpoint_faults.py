@@ -16,7 +16,7 @@ import torch
 from overdrive import Accelerator, ProjectConfiguration
 from overdrive.checkpoint import CheckpointError, naming
 from overdrive.checkpoint.storage import checksum
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 from tests.faults.faultkit import SCRIPTS, clean_env
 
 

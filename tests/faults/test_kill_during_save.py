@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from overdrive import Accelerator
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 from tests.faults.faultkit import SCRIPTS, clean_env
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from overdrive.checkpoint import CheckpointError
 from overdrive.checkpoint.storage import checksum
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 from tests.checkpoint.test_checkpoint_distributed import same, setup, snapshot, train
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from overdrive import Accelerator, TorchDynamoPlugin
-from overdrive.state import AcceleratorState, GradientState
+from overdrive.training.state import AcceleratorState, GradientState
 
 
 def make_model() -> nn.Module:

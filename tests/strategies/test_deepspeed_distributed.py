@@ -86,7 +86,7 @@ def _trajectory(plugin: dict[str, Any], accumulation: int = 1, mixed_precision: 
 
 def _wrapped_once(opt: Any) -> bool:
     """prepare() returns DeepSpeed's optimizer prepared once, not a prepared optimizer around a wrapper."""
-    from overdrive.optimizer import AcceleratedOptimizer
+    from overdrive.training.optimizer import AcceleratedOptimizer
 
     return isinstance(opt, AcceleratedOptimizer) and not isinstance(opt.optimizer, AcceleratedOptimizer)
 

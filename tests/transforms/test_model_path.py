@@ -13,7 +13,7 @@ from overdrive import (
     FullyShardedDataParallelPlugin,
     TorchDynamoPlugin,
 )
-from overdrive.state import AcceleratorState
+from overdrive.training.state import AcceleratorState
 from overdrive.transforms.compile import compiled_in_place
 from tests.support.parallel import accelerated_losses, make_model, reference_losses, worst
 

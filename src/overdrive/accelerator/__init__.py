@@ -15,9 +15,9 @@ from overdrive.config import (
 
 # names of accelerate.accelerator that Accelerate's tests patch; prepare_model reads them from here
 from overdrive.helpers.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
-from overdrive.optimizer import AcceleratedOptimizer
-from overdrive.scheduler import AcceleratedScheduler
-from overdrive.state import AcceleratorState, GradientState
+from overdrive.training.optimizer import AcceleratedOptimizer
+from overdrive.training.scheduler import AcceleratedScheduler
+from overdrive.training.state import AcceleratorState, GradientState
 
 # Accelerate's accelerate.accelerator module holds these names too (its own test scripts import
 # DataLoaderConfiguration and GradientAccumulationPlugin from it)

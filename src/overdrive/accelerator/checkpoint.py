@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from overdrive.prepared import TrainingState
+from overdrive.training.prepared import TrainingState
 
 if TYPE_CHECKING:
     from torch import nn
     from torch.utils.hooks import RemovableHandle
 
-    from overdrive.accumulation import AccumulationWindow
     from overdrive.config import ProjectConfiguration
-    from overdrive.prepared import PreparedObjects
-    from overdrive.state import AcceleratorState
     from overdrive.strategies import Strategy
+    from overdrive.training.accumulation import AccumulationWindow
+    from overdrive.training.prepared import PreparedObjects
+    from overdrive.training.state import AcceleratorState
 
 
 class CheckpointVerbs:

@@ -16,9 +16,9 @@ import torch
 import overdrive.helpers.ops as ops
 
 if TYPE_CHECKING:
-    from overdrive.prepared import PreparedObjects
     from overdrive.runtime.mesh import ParallelMesh
-    from overdrive.state import AcceleratorState, GradientState
+    from overdrive.training.prepared import PreparedObjects
+    from overdrive.training.state import AcceleratorState, GradientState
 
 
 class CollectiveVerbs:

@@ -27,7 +27,6 @@ from overdrive.accelerator.collectives import CollectiveVerbs
 from overdrive.accelerator.processes import ProcessSurface
 from overdrive.accelerator.surface import AccelerateSurface
 from overdrive.accelerator.tracking import TrackingVerbs
-from overdrive.accumulation import NO_CONTEXT, AccumulationWindow
 from overdrive.config import (  # GradientAccumulationPlugin: also a name of accelerate.accelerator
     DataLoaderConfiguration,
     DistributedType,
@@ -36,15 +35,16 @@ from overdrive.config import (  # GradientAccumulationPlugin: also a name of acc
     ProjectConfiguration,
 )
 from overdrive.helpers.misc import _compiled_inner, _recompiled, extract_model_from_parallel
-from overdrive.optimizer import AcceleratedOptimizer
 from overdrive.precision.amp import AmpPrecision
-from overdrive.prepared import PreparedObjects
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
 from overdrive.runtime.mesh import ParallelMesh
-from overdrive.scheduler import AcceleratedScheduler
-from overdrive.state import AcceleratorState, GradientState
 from overdrive.strategies import Strategy, create_strategy
 from overdrive.strategies.base import StrategyContext
+from overdrive.training.accumulation import NO_CONTEXT, AccumulationWindow
+from overdrive.training.optimizer import AcceleratedOptimizer
+from overdrive.training.prepared import PreparedObjects
+from overdrive.training.scheduler import AcceleratedScheduler
+from overdrive.training.state import AcceleratorState, GradientState
 from overdrive.transforms.hooks import HookRegistry
 
 if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with the Accelerator

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from overdrive.config import DeepSpeedPlugin, DistributedType
     from overdrive.resolve import TrainingPlan
     from overdrive.runtime.mesh import ParallelMesh
-    from overdrive.state import AcceleratorState
     from overdrive.strategies import Strategy
+    from overdrive.training.state import AcceleratorState
 
 
 class ProcessSurface:

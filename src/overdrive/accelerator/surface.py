@@ -17,8 +17,8 @@ from overdrive.resolve.plan import DDPSettings
 if TYPE_CHECKING:
     from overdrive.config import DataLoaderConfiguration, ProjectConfiguration
     from overdrive.precision.amp import AmpPrecision
-    from overdrive.prepared import PreparedObjects
     from overdrive.resolve.plan import TrainingPlan
+    from overdrive.training.prepared import PreparedObjects
 
 
 class AccelerateSurface:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from overdrive.config import ProjectConfiguration
     from overdrive.resolve import TrainingPlan
-    from overdrive.state import AcceleratorState
+    from overdrive.training.state import AcceleratorState
 
 
 class TrackingVerbs:

@@ -145,7 +145,7 @@ def prepare_pippy(model: nn.Module, split_points: str | list[str] | None = "auto
         >>> logits = model(input_ids)      # on every process, with the same input_ids
     """
     from overdrive.runtime.mesh import ParallelDims, ParallelMesh
-    from overdrive.state import PartialState
+    from overdrive.training.state import PartialState
     from overdrive.transforms.pipeline.model import apply_pipeline
     from overdrive.transforms.pipeline.schedule import PipelineRuntime
 

@@ -214,7 +214,7 @@ def load_into(holder: Any, folder: str | os.PathLike, *, allow_pickle: bool = Fa
               load_kwargs: dict[str, Any] | None = None) -> AccelerateCheckpointReport:
     """``load_accelerate_checkpoint`` with the prepared objects of ``holder`` (what ``load_state`` was given),
     then the step counter it read."""
-    objects = holder.objects  # a TrainingState (overdrive.prepared)
+    objects = holder.objects  # a TrainingState (overdrive.training.prepared)
     report = load_accelerate_checkpoint(
         folder, models=objects.models, optimizers=objects.optimizers, schedulers=objects.schedulers,
         dataloaders=objects.dataloaders, custom_objects=objects.custom_objects, scaler=holder.scaler,

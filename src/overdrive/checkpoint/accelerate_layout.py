@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from overdrive.checkpoint.errors import CheckpointError
-from overdrive.prepared import TrainingState
+from overdrive.training.prepared import TrainingState
 
 
 def check_layout_possible(run: TrainingState) -> None:

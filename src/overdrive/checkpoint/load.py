@@ -40,7 +40,7 @@ from overdrive.checkpoint.storage import (
     read_manifest,
     verify_files,
 )
-from overdrive.prepared import TrainingState
+from overdrive.training.prepared import TrainingState
 
 
 def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *, allow_pickle: bool = False,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from overdrive.checkpoint.state import capture_rng, restore_rng
 
 if TYPE_CHECKING:
-    from overdrive.prepared import TrainingState
+    from overdrive.training.prepared import TrainingState
 
 
 def _copy(value: Any) -> Any:

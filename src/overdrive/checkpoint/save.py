@@ -38,7 +38,7 @@ from overdrive.checkpoint.storage import (
     write_json,
 )
 from overdrive.checkpoint.writer import ChecksummingWriter
-from overdrive.prepared import TrainingState
+from overdrive.training.prepared import TrainingState
 
 STATE_FILE = "state.json"
 

@@ -271,7 +271,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     """The autocast block of the running Accelerator's mixed precision (a no-op without ``native_amp``)."""
     import contextlib
 
-    from overdrive.state import AcceleratorState
+    from overdrive.training.state import AcceleratorState
 
     state = AcceleratorState()
     kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}

@@ -32,7 +32,8 @@ __all__ = ["install_served_paths", "served_paths", "SERVED_ROOTS"]
 #: so that importing overdrive's own modules never loads it (tests/compat/test_accelerate_compat.py checks
 #: this against the table)
 SERVED_ROOTS = frozenset({"utils", "hooks", "big_modeling", "inference", "data_loader", "checkpointing",
-                          "parallelism_config", "commands", "test_utils", "local_sgd", "logging"})
+                          "parallelism_config", "commands", "test_utils", "local_sgd", "logging", "state",
+                          "optimizer", "scheduler"})
 
 
 def served_paths() -> list[str]:

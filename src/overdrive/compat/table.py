@@ -25,9 +25,12 @@ _THIN = ("data_loader", "checkpointing", "parallelism_config", "utils.dataclasse
          "commands.config.default", "commands.launch", "commands.env", "commands.test", "commands.estimate",
          "commands.to_fsdp2", "commands.tpu", "test_utils", "test_utils.testing", "test_utils.training")
 #: modules overdrive has in its own layout at Accelerate's path
-_OWN = ("accelerator", "state", "tracking", "optimizer", "scheduler", "launchers")
+_OWN = ("accelerator", "tracking", "launchers")
 #: Accelerate paths whose module overdrive keeps elsewhere: served as that very module (the same object)
 SAME_MODULE: dict[str, str] = {
+    "overdrive.state": "overdrive.training.state",
+    "overdrive.optimizer": "overdrive.training.optimizer",
+    "overdrive.scheduler": "overdrive.training.scheduler",
     "overdrive.local_sgd": "overdrive.accelerator.local_sgd",
     "overdrive.logging": "overdrive.helpers.logging",
     "overdrive.utils.memory": "overdrive.helpers.memory",

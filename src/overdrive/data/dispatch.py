@@ -32,7 +32,7 @@ from overdrive.data.sampler import (
 )
 from overdrive.helpers.ops import honor_mapping, honor_type
 from overdrive.runtime import group
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 
 
 def _is_leaf_sequence(data: Any) -> bool:

@@ -19,7 +19,7 @@ from overdrive.data.shuffling import _find_seedable
 from overdrive.data.stateful import SelfReference, stateful_loader_class
 from overdrive.helpers.ops import send_to_device
 from overdrive.runtime import group
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 
 _END = object()  # no more batches
 #: keywords of Accelerate's loader constructors, taken off before the DataLoader sees them

@@ -19,7 +19,7 @@ from overdrive.data.sampler import (
 from overdrive.data.shuffling import accelerate_shuffling, seedable_batch_sampler
 from overdrive.data.stateful import stateful_loader_class
 from overdrive.runtime import group
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 
 if TYPE_CHECKING:
     from overdrive.data.dispatch import DataLoaderDispatcher

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 from torch import nn
 
-from overdrive.accumulation import NO_CONTEXT
 from overdrive.config import DistributedType
+from overdrive.training.accumulation import NO_CONTEXT
 from overdrive.transforms.path import ModelPath, PathContext, PathStep
 
 if TYPE_CHECKING:
-    from overdrive.accumulation import AccumulationWindow
     from overdrive.precision.amp import AmpPrecision
-    from overdrive.state import PluginSelection
+    from overdrive.training.accumulation import AccumulationWindow
+    from overdrive.training.state import PluginSelection
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from overdrive.optimizer import AcceleratedOptimizer
+from overdrive.training.optimizer import AcceleratedOptimizer
 
 
 class DummyOptim:

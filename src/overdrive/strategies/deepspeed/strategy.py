@@ -226,8 +226,8 @@ def _world_size() -> int:
 
 
 def _plain_optimizer(obj: Any) -> bool:
-    from overdrive.optimizer import AcceleratedOptimizer
     from overdrive.strategies.deepspeed.objects import DeepSpeedOptimizerWrapper
+    from overdrive.training.optimizer import AcceleratedOptimizer
 
     return isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, (DeepSpeedOptimizerWrapper,
                                                                            AcceleratedOptimizer))

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from overdrive.state import GradientState
+from overdrive.training.state import GradientState
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from overdrive.accumulation import AccumulationWindow
 from overdrive.config import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+from overdrive.training.accumulation import AccumulationWindow
 
 if TYPE_CHECKING:
     from overdrive.resolve.plan import TrainingPlan

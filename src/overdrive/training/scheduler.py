@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from overdrive.optimizer import AcceleratedOptimizer
-from overdrive.state import GradientState
+from overdrive.training.optimizer import AcceleratedOptimizer
+from overdrive.training.state import GradientState
 
 _READS_FLAG = AcceleratedOptimizer.step_was_skipped  # the base property: returns ``_is_overflow``
 

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from overdrive.accumulation import AccumulationWindow
 from overdrive.config import ProjectConfiguration
+from overdrive.training.accumulation import AccumulationWindow
 
 
 class PreparedObjects:
