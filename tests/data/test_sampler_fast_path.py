@@ -40,5 +40,30 @@ def test_fast_paths_hand_out_the_general_paths_batches(kind):
             general = [list(b) for b in _shard(*case)._own_batches()]
             assert fast == general, case
             assert len(fast) == max(len(_shard(*case)) - skip, 0)
+            if kind == "seedable":  # a full pass moves the sampler to its next epoch, on either path
+                for path in (lambda shard: list(shard), lambda shard: list(shard._own_batches())):
+                    shard = _shard(*case)
+                    path(shard)
+                    assert shard.batch_sampler.sampler.epoch == 1, case  # pyright: ignore[reportAttributeAccessIssue]
             checked += 1
     assert checked == 6 * 3 * 3 * 2 * 2 * 3 * 2  # every rank of every case
+
+
+@pytest.mark.parametrize("own_generator", [True, False])
+def test_random_sampler_order_draws_as_iterating_it(own_generator):
+    """The order cut at once from torch's RandomSampler is the one iterating it yields, and both leave the
+    sampler's generator and torch's global generator in the same state (a later draw would differ otherwise)."""
+    from overdrive.data.sampler import _epoch_order
+
+    for length, num_samples in [(1, None), (7, None), (16, None), (16, 5), (16, 16), (16, 33), (5, 15)]:
+        states = []
+        for read in (list, _epoch_order):
+            torch.manual_seed(3)
+            generator = torch.Generator().manual_seed(11) if own_generator else None
+            sampler = RandomSampler(range(length), num_samples=num_samples, generator=generator)
+            order = read(sampler)
+            after = (torch.randint(10**9, (4,)).tolist(),
+                     torch.randint(10**9, (4,), generator=generator).tolist() if generator is not None else None)
+            states.append((order, after))
+        assert states[0] == states[1], (length, num_samples)
+        assert len(states[0][0]) == (num_samples or length)

@@ -198,7 +198,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         batch_sampler = self.batch_sampler
         # __iter__ comes here only for torch's own BatchSampler (_plain_batches), which has a batch size
         assert isinstance(batch_sampler, BatchSampler) and size is not None
-        order = list(batch_sampler.sampler)
+        order = _epoch_order(batch_sampler.sampler)
         whole = len(order) // (size * n) * size * n  # the samples of the complete rounds
         mine = [order[start:start + size] for start in range(me * size, whole, size * n)]
         rest = order[whole:]
@@ -280,6 +280,39 @@ def _plain_batches(batch_sampler: Any) -> bool:
     whole epoch can be listed up front."""
     return type(batch_sampler) is BatchSampler and type(batch_sampler.sampler) in (
         RandomSampler, SequentialSampler, SeedableRandomSampler)
+
+
+def _epoch_order(sampler: Any) -> list[int]:
+    """The indices one pass over ``sampler`` yields (a ``_plain_batches`` sampler), as one list."""
+    if type(sampler) is SeedableRandomSampler:
+        order = sampler.order()  # the list itself, not a copy made through its iterator
+        sampler.set_epoch(sampler.epoch + 1)  # where a full pass leaves it
+        return order
+    if type(sampler) is RandomSampler and not sampler.replacement and len(sampler.data_source) > 0:
+        return _random_sampler_order(sampler)
+    return list(sampler)  # a SequentialSampler iterates a range: C-level already
+
+
+def _random_sampler_order(sampler: RandomSampler) -> list[int]:
+    """What iterating torch's ``RandomSampler`` (without replacement) to its end yields, from the same random
+    numbers drawn in the same order, so that every generator is left as that pass leaves it: the global one
+    gives the seed of a fresh generator when the sampler has none, then ``num_samples // n`` permutations are
+    used whole and one more is always drawn for the rest (even when no index of it is used). The sampler is a
+    generator that resumes once per index (12,800 resumes an epoch in bench/loader_overhead.py, ~3% of the
+    epoch); here the lists are built in C. Pinned to ``list(sampler)`` in tests/data/test_sampler_fast_path.py."""
+    size = len(sampler.data_source)
+    generator = sampler.generator
+    if generator is None:
+        generator = torch.Generator()
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    whole, rest = divmod(sampler.num_samples, size)
+    order: list[int] = []
+    for _ in range(whole):
+        order += torch.randperm(size, generator=generator).tolist()
+    last = torch.randperm(size, generator=generator)
+    if rest:
+        order += last[:rest].tolist()
+    return order
 
 
 def _length(items: object, what: str) -> int:
