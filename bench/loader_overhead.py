@@ -15,6 +15,14 @@ method). Reported: the median time per batch, the median of prepared/plain per r
 95% confidence interval (and with ``--blocks`` the same ratio on CPU time). Target (issue 15): x1.005. Accelerate's
 ``prepare_data_loader`` and Lightning Fabric's ``setup_dataloaders`` run as contenders where they import.
 Writes bench/results/loader_overhead.json.
+
+``--instructions`` (for a shared machine, where the timings cannot resolve 0.5%) counts instead, with valgrind's
+cachegrind (cache simulation off), the user-space instructions of one process that builds the loaders as rank 0
+of 2 (``num_processes``/``process_index`` given, no group: no loader communicates while iterating), runs a
+warm-up epoch of each, then ``N`` epochs of one of them; a loader's instructions per batch are the difference
+between two such runs (1 and 21 epochs by default) over the batches between. ``plain (control)`` (a second
+plain loader) shows the method's resolution. ~2 min a run on 2 busy cores; 8 runs. Writes
+bench/results/loader_overhead_instructions.json.
 """
 
 from __future__ import annotations
@@ -164,6 +172,44 @@ def worker(rank: int, world: int, port: int, rounds: int, out_path: str, blocks:
         dist.destroy_process_group()
 
 
+COUNT_CHILD = "LOADER_BENCH_COUNT"  # "name epochs": this process is the one valgrind counts
+
+
+def count_child(name: str, epochs: int) -> None:
+    """Build the loaders as rank 0 of 2 (no group), one warm-up epoch of each, then ``epochs`` of ``name``."""
+    torch.set_num_threads(1)
+    runs = loaders(2, 0)
+    for run in runs.values():
+        _epoch(run)
+    for _ in range(epochs):
+        _epoch(runs[name])
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: the counts differ only by the epochs
+
+
+def count_instructions(name: str, epochs: int) -> int:
+    """User-space instructions of one :func:`count_child` process under cachegrind."""
+    with tempfile.TemporaryDirectory(prefix="overdrive-bench-cachegrind-") as folder:
+        out = f"{folder}/cg.out"
+        env = {**os.environ, COUNT_CHILD: f"{name}\t{epochs}", "PYTHONHASHSEED": "0"}
+        result = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
+                                 sys.executable, __file__], env=env, capture_output=True, text=True, timeout=3600)
+        summary = [line for line in Path(out).read_text().splitlines() if line.startswith("summary:")] \
+            if result.returncode == 0 and Path(out).exists() else []
+        if not summary:
+            raise RuntimeError(f"{name} under valgrind failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        return int(summary[0].split()[1])
+
+
+def instruction_rows(epochs: tuple[int, int]) -> dict:
+    names = ["plain", "prepared", "prepared (seedable)", "plain (control)"]
+    counts = {name: [count_instructions(name, n) for n in epochs] for name in names}
+    batches = (epochs[1] - epochs[0]) * STEPS
+    per_batch = {name: (high - low) / batches for name, (low, high) in counts.items()}
+    return {name: {"counts": counts[name], "per_batch": per_batch[name],
+                   "ratio": per_batch[name] / per_batch["plain"]} for name in names}
+
+
 def run_setting(world: int, rounds: int, blocks: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -195,7 +241,13 @@ def main() -> None:
                              "the user's sampler)")
     parser.add_argument("--blocks", action="store_true",
                         help="time whole epochs in turn (wall and CPU) instead of interleaving the loaders batch by batch")
+    parser.add_argument("--instructions", nargs="*", type=int, metavar="EPOCHS",
+                        help="count instructions per batch with valgrind instead of timing (two epoch counts, "
+                             "default 1 21); one process as rank 0 of 2, every loader but the contenders")
     args = parser.parse_args()
+    if args.instructions is not None:
+        main_instructions(tuple(args.instructions or (1, 21)))
+        return
     os.environ["LOADER_BENCH_CONTENDERS"] = "0" if args.no_contenders else "1"  # read by the spawned workers
     os.environ["LOADER_BENCH_CONTROL"] = "1" if args.control else "0"
     os.environ["LOADER_BENCH_SEEDABLE"] = "1" if args.seedable else "0"
@@ -223,5 +275,30 @@ def main() -> None:
                                "timing": "blocks" if args.blocks else "interleaved", "load_avg_start_end": [load0, os.getloadavg()], "results": results}, indent=1))
 
 
+def main_instructions(epochs: tuple[int, ...]) -> None:
+    if len(epochs) != 2 or not 0 <= epochs[0] < epochs[1]:
+        raise SystemExit(f"--instructions {' '.join(map(str, epochs))}: give two epoch counts, the first smaller "
+                         "(e.g. --instructions 1 21)")
+    os.environ.update(LOADER_BENCH_CONTENDERS="0", LOADER_BENCH_CONTROL="1", LOADER_BENCH_SEEDABLE="1",
+                      OMP_NUM_THREADS="1")
+    started, load0 = datetime.now(timezone.utc), os.getloadavg()
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    rows = instruction_rows((epochs[0], epochs[1]))
+    print(f"| loader | instructions/batch (epochs {epochs[0]}->{epochs[1]}) | / plain | target x1.005 |\n"
+          "|---|---|---|---|")
+    for name, row in rows.items():
+        verdict = ("met" if row["ratio"] <= TARGET else "MISSED") if name.startswith("prepared") else ""
+        print(f"| {name} | {row['per_batch']:,.0f} | {row['ratio']:.4f} | {verdict} |")
+    out = Path(__file__).parent / "results" / "loader_overhead_instructions.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"date": started.isoformat(timespec="seconds"), "commit": commit, "epochs": epochs,
+                               "load_avg_start_end": [load0, os.getloadavg()], "rows": rows}, indent=1))
+
+
 if __name__ == "__main__":
-    main()
+    if os.environ.get(COUNT_CHILD):
+        child_name, child_epochs = os.environ[COUNT_CHILD].split("\t")
+        count_child(child_name, int(child_epochs))
+    else:
+        main()
