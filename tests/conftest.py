@@ -18,9 +18,14 @@ Markers (registered in pyproject; select with ``-m``, e.g. ``pytest -m "not slow
 - ``optional``: needs a package outside overdrive's own dependencies (added by ``requires``; by hand for a
   test that skips by itself on what it finds).
 - ``gpu``: needs a CUDA device; skipped here when there is none.
-- ``deepspeed``: starts a DeepSpeed engine (implies ``requires("deepspeed")``); DeepSpeed's C++ op is built
-  once before the first such test (tests/support/build_locks.py), and no test waits on a build lock a
-  killed test left behind.
+- ``deepspeed``: starts a DeepSpeed engine (implies ``requires("deepspeed")``).
+
+DeepSpeed runs without its C++ op ``deepspeed_shm_comm`` (a shared-memory allreduce for CPU ranks, 2-6 min to
+build per fresh environment) in every test process and every process a test starts: its collectives go
+through torch.distributed's gloo, the same sums (tests/support/no_shm_op/sitecustomize.py, put on
+``PYTHONPATH`` here). ``OVERDRIVE_TEST_DEEPSPEED_SHM=1`` keeps the op: it is then built once before the first
+``deepspeed`` test (tests/support/build_locks.py). Either way no test waits on a build lock a killed test left
+behind.
 """
 
 from __future__ import annotations
@@ -33,11 +38,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.build_locks import build_deepspeed_ops, clear_stale_locks
+from tests.support.build_locks import build_deepspeed_ops, clear_stale_locks, extensions_dir
+from tests.support.no_shm_op import sitecustomize as no_shm_op
 
 # DeepSpeed builds its C++ ops on first use into TORCH_EXTENSIONS_DIR. One folder per environment: checkouts
 # sharing a machine would otherwise rebuild each other's copy (their include paths differ) and wait on its lock.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# DeepSpeed's shared-memory op stays off (no build) unless asked for: here, and in every child process
+DEEPSPEED_SHM = os.environ.get("OVERDRIVE_TEST_DEEPSPEED_SHM", "") == "1"
+if not DEEPSPEED_SHM:
+    no_shm_op.install()
+    if no_shm_op.FOLDER not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (no_shm_op.FOLDER, os.environ.get("PYTHONPATH"))))
 
 def _destroy_process_group() -> None:
     comm = sys.modules.get("deepspeed.comm")
@@ -128,12 +140,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _DEEPSPEED_BUILD_PROBLEM = pytest.StashKey[str]()
+_SHM_OP_BUILT_AT = pytest.StashKey[float | None]()
+
+
+def _shm_op_built_at() -> float | None:
+    """When DeepSpeed's op was last built in this environment (None: never)."""
+    try:
+        return (extensions_dir() / "deepspeed_shm_comm").stat().st_mtime
+    except OSError:
+        return None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_SHM_OP_BUILT_AT] = _shm_op_built_at()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Say so when a process the op was not kept off in built it (one that dropped the tests' PYTHONPATH)."""
+    if DEEPSPEED_SHM or hasattr(session.config, "workerinput"):
+        return
+    if _shm_op_built_at() != session.config.stash.get(_SHM_OP_BUILT_AT, None):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        line = (f"overdrive tests: a test process built DeepSpeed's op deepspeed_shm_comm in {extensions_dir()}: "
+                f"keep {no_shm_op.FOLDER} on the PYTHONPATH of the processes tests start")
+        if reporter is not None:
+            reporter.write_line(line, yellow=True)
+        else:
+            print(line)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build DeepSpeed's C++ op before the first test that needs it: outside every test's timeout, with its
-    own limit and a message, so that a slow first build is not mistaken for (and killed as) a hung test."""
-    if not any(item.get_closest_marker("deepspeed") for item in session.items):
+    """With ``OVERDRIVE_TEST_DEEPSPEED_SHM=1``, build DeepSpeed's C++ op before the first test that needs it:
+    outside every test's timeout, with its own limit and a message, so that a slow first build is not
+    mistaken for (and killed as) a hung test."""
+    if not DEEPSPEED_SHM or not any(item.get_closest_marker("deepspeed") for item in session.items):
         return
     if importlib.util.find_spec("deepspeed") is None:
         return

@@ -7,9 +7,10 @@ takes it, even when there is nothing to rebuild) and deletes when done. A proces
 timeout) leaves the file, and every later load waits on it forever: one slow build used to turn into a chain
 of DeepSpeed tests each sleeping until its own timeout.
 
-So tests/conftest.py builds the ops once, before the first test that starts a DeepSpeed engine (marker
-``deepspeed``), with its own limit and a message; and before every test it removes the locks that no live
-process holds open.
+The tests keep that op off unless ``OVERDRIVE_TEST_DEEPSPEED_SHM=1`` (tests/support/no_shm_op/); with it,
+tests/conftest.py builds the op once, before the first test that starts a DeepSpeed engine (marker
+``deepspeed``), with its own limit and a message. Before every test it removes the locks that no live process
+holds open.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.no_shm_op.sitecustomize import FOLDER as NO_SHM_OP
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"  # tests/scripts
 # a cluster's variables, and overdrive's / Accelerate's own: a test sets those it means through ``extra``
 _CLUSTER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_",
@@ -20,11 +22,15 @@ _CLUSTER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GR
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """This environment without any cluster's (or overdrive's, or Accelerate's) variables, with config files
-    looked up under tmp_path; ``extra`` is set last."""
+    looked up under tmp_path; ``extra`` is set last. A ``PYTHONPATH`` given keeps the folder that keeps
+    DeepSpeed's shared-memory op off (tests/conftest.py), when this process has it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_CLUSTER_PREFIXES)}
     env.update(OVERDRIVE_CONFIG_FILE=str(tmp_path / "default_config.yaml"), HF_HOME=str(tmp_path / "hf"),
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
+    given = env.get("PYTHONPATH", "").split(os.pathsep)
+    if NO_SHM_OP in os.environ.get("PYTHONPATH", "").split(os.pathsep) and NO_SHM_OP not in given:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (*given, NO_SHM_OP)))
     return env
 
 
