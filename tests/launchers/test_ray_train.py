@@ -17,28 +17,12 @@ import pytest
 import torch
 
 from tests.support.cli import SCRIPTS, clean_env
+from tests.support.toy import reference_weights
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.requires("ray")]  # overdrive[ray]
 
-SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def reference(steps: int) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """The same training in one process, plain PyTorch: the weights at the end and each step's loss."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 8, generator=g)
-    y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(1024, 1, generator=g)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    losses = []
-    for step in range(steps):
-        loss = torch.nn.functional.mse_loss(model(x[32 * step:32 * step + 32]), y[32 * step:32 * step + 32])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return model.state_dict(), losses
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -57,7 +41,8 @@ def _session_pids(sid: int) -> list[int]:
 @pytest.mark.timeout(300)
 def test_an_overdrive_loop_in_ray_trains_torchtrainer_adopts_its_group_and_equals_one_process(tmp_path):
     steps = 6
-    env = clean_env(tmp_path, PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    # the repository root too: Ray's workers import the job's data and model from tests/support/toy.py
+    env = clean_env(tmp_path, PYTHONPATH=os.pathsep.join((str(SRC), str(ROOT), os.environ.get("PYTHONPATH", ""))),
                     RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_V2_ENABLED="1")
     started = time.monotonic()
     with open(tmp_path / "ray.log", "wb") as log:
@@ -88,7 +73,7 @@ def test_an_overdrive_loop_in_ray_trains_torchtrainer_adopts_its_group_and_equal
         assert seen["local_rank"] == seen["ray_local_rank"], seen
         assert seen["made_by_ray"] and seen["same_group"], seen
         assert seen["device"] == "cpu" and seen["model"] == "DistributedDataParallel", seen
-    want_weights, want_losses = reference(steps)
+    want_weights, want_losses = reference_weights(steps)
     assert result["losses"] == pytest.approx(want_losses, rel=0, abs=1e-6)
     got = torch.load(tmp_path / "weights.pt")
     for name, want in want_weights.items():

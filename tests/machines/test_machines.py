@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from tests.machines.netns import Cluster
+from tests.support.toy import reference_weights
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
 JOB = Path(__file__).resolve().parent / "scripts" / "job.py"
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -72,7 +74,8 @@ def launch(cluster: Cluster, out: Path, *job_args: str, machines: int = 2, flags
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "GROUP_RANK", "MASTER_", "TORCHELASTIC", "SLURM_",
                                 "OVERDRIVE_", "ACCELERATE_"))}
-    env.update(PYTHONPATH=f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
+    # the repository root too: the job imports its data and model from tests/support/toy.py
+    env.update(PYTHONPATH=os.pathsep.join((str(SRC), str(ROOT), env.get("PYTHONPATH", ""))), OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1", TMPDIR=str(out), OVERDRIVE_CONFIG_FILE=str(out / "none.yaml"))
     procs = []
     ranks = list(range(machines)) if only is None else [only]
@@ -109,22 +112,6 @@ def no_processes_left(cluster: Cluster, seconds: float = 5.0) -> bool:
     return not any(cluster.pids(i) for i in range(cluster.n))
 
 
-def reference_weights(steps: int) -> dict[str, torch.Tensor]:
-    """The job's training on one process, in plain PyTorch: the global batch of 32 in order, SGD."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 8, generator=g)
-    y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(1024, 1, generator=g)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(steps):
-        loss = torch.nn.functional.mse_loss(model(x[32 * step:32 * step + 32]), y[32 * step:32 * step + 32])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model.state_dict()
-
-
 def _bytes_sent(cluster: Cluster, i: int) -> int:
     import subprocess
 
@@ -157,7 +144,7 @@ def test_training_across_two_machines_restarted_after_a_crash_equals_one_process
     assert all(w[2] == "4" for w in where.values())  # one group of 4 ranks over both machines
     assert _bytes_sent(cluster, 1) > 20_000, "the ranks did not talk across the link"  # 56 kB measured
     got = torch.load(tmp_path / "run" / "weights.pt")
-    for name, want in reference_weights(6).items():
+    for name, want in reference_weights(6)[0].items():
         torch.testing.assert_close(got[name], want, rtol=0, atol=1e-6)
 
 
@@ -220,7 +207,7 @@ def test_lost_machine_is_named_and_the_run_resumes_on_the_machine_left(cluster, 
     assert 4 <= resumed < steps
     assert (tmp_path / "run" / "where_0").read_text().split()[2] == "2"
     got = torch.load(tmp_path / "run" / "weights.pt")
-    for name, want in reference_weights(steps).items():
+    for name, want in reference_weights(steps)[0].items():
         torch.testing.assert_close(got[name], want, rtol=0, atol=1e-6)
 
 
@@ -254,7 +241,7 @@ def test_an_elastic_job_goes_on_with_the_machine_left_and_resumes_from_the_newes
     assert ("overdrive launch: the workers started again (restart 1 of 1) with 1 machine, 2 processes in all "
             "(before: 2 machines, 4 processes)") in run.err(0), run.err(0)
     got = torch.load(tmp_path / "run" / "weights.pt")
-    for name, want in reference_weights(steps).items():
+    for name, want in reference_weights(steps)[0].items():
         torch.testing.assert_close(got[name], want, rtol=0, atol=1e-6)
     assert no_processes_left(cluster), [cluster.pids(i) for i in (0, 1)]
 

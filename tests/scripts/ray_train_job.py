@@ -20,21 +20,17 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import torch
     import torch.distributed as dist
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     from overdrive import Accelerator
+    from tests.support.toy import BATCH, toy_regression  # the repository root is on PYTHONPATH
 
     context = ray.train.get_context()
     made_by_ray = dist.is_initialized()
     group = dist.distributed_c10d._get_default_group() if made_by_ray else None
     accelerator = Accelerator()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 8, generator=g)
-    y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(1024, 1, generator=g)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(TensorDataset(x, y), batch_size=32 // accelerator.num_processes)  # global batch 32
+    data, model, optimizer = toy_regression()
+    loader = DataLoader(data, batch_size=BATCH // accelerator.num_processes)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     losses = []
     for step, (inputs, targets) in enumerate(loader):

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from tests.support.toy import BATCH, toy_regression  # the repository root is on PYTHONPATH
+from torch.utils.data import DataLoader
 
 from overdrive import Accelerator, InitProcessGroupKwargs, ProjectConfiguration
 
@@ -41,16 +42,8 @@ with open(out / f"where_{rank}", "w") as f:
     f.write(f"{socket.gethostname()} {os.getpid()} {accelerator.num_processes}\n")
 
 
-def data() -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 8, generator=g)
-    return TensorDataset(x, x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(1024, 1, generator=g))
-
-
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-loader = DataLoader(data(), batch_size=32 // accelerator.num_processes)  # the global batch is 32
+data, model, optimizer = toy_regression()
+loader = DataLoader(data, batch_size=BATCH // accelerator.num_processes)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
 
