@@ -106,3 +106,44 @@ def test_stdout_and_stderr_keep_the_workers_order_when_piped_together(tmp_path):
     assert "progress" not in apart.stdout and "result" not in apart.stderr
     assert [line for line in apart.stderr.splitlines() if line.startswith("progress")] == \
         [f"progress {i}" for i in range(6)], apart.stderr
+
+
+
+_HANDOVER = ("import faulthandler, os, subprocess, sys\n"
+             "if os.environ['RANK'] == '0':\n"
+             "    print('before child')\n"
+             "    subprocess.run([sys.executable, '-c', 'print(\"from child\")'], stdout=sys.stdout, check=True)\n"
+             "    print('after child')\n"
+             "    faulthandler.enable(sys.stdout)\n"
+             "    faulthandler.dump_traceback(sys.stdout)  # what a fault writes, without ending the run\n"
+             "    print('after dump')\n")
+
+
+def _handover(tmp_path) -> tuple[list[str], list[str], str]:
+    """The launcher's stdout lines (stripped) of a 2-process run of _HANDOVER, the lines that came from it in
+    the order they arrived, and the launcher's stderr."""
+    script = tmp_path / "handover.py"
+    script.write_text(_HANDOVER)
+    result = subprocess.run([sys.executable, "-m", "overdrive.cli", "launch", "--cpu", "--num_processes", "2",
+                             str(script)], env=clean_env(tmp_path), capture_output=True, text=True, timeout=140)
+    assert result.returncode == 0, result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    dump = [line for line in lines if line.startswith("Current thread")]
+    frame = f'File "{script}", line 7 in <module>'
+    assert len(dump) == 1 and frame in lines, result.stdout
+    mine = ("before child", "from child", "after child", dump[0], frame, "after dump")
+    return lines, [line for line in lines if line in mine], result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_can_hand_its_stdout_to_a_child_process_and_to_faulthandler(tmp_path):
+    """The worker's ``sys.stdout`` is framed into its stderr file (launchers/relay.py); code that asks it for its
+    descriptor still works: a child process given ``stdout=sys.stdout`` and ``faulthandler.enable(sys.stdout)``
+    write to the launcher's stdout (nothing of theirs on stderr), and the worker's own prints keep their order."""
+    lines, arrived, stderr = _handover(tmp_path)
+    assert len(arrived) == 6, lines  # each line once: the child's, the dump's two and the three prints
+    assert [line for line in arrived if line in ("before child", "after child", "after dump")] == \
+        ["before child", "after child", "after dump"], lines
+    assert arrived.index(next(line for line in arrived if line.startswith("Current thread"))) \
+        < arrived.index(next(line for line in arrived if line.startswith("File"))), lines  # the dump as written
+    assert not any(word in stderr for word in ("child", "after dump", "most recent call")), stderr

@@ -6,8 +6,10 @@ stdout. Copying lags the straight path, so where both streams end in one pipe (`
 worker's stdout line overtook the stderr line written just before it (the demo's accuracy before its last
 progress line). So the worker's Python ``sys.stdout`` writes into the same file, each write framed as
 ``MARK <length>:<bytes>``, and the launcher's copier splits the file back into the two streams in the order
-they were written. Bytes written to file descriptor 1 directly (C code, child processes) still go straight to
-the launcher's stdout.
+they were written. Bytes written to file descriptor 1 directly (C code, a child process given
+``stdout=sys.stdout``, ``faulthandler.enable(sys.stdout)``: ``sys.stdout.fileno()`` answers 1) still go straight
+to the launcher's stdout: they arrive, but not ordered with the framed writes around them, which the launcher
+copies up to 50 ms later (tests/launchers/test_quiet_output.py).
 """
 
 from __future__ import annotations
