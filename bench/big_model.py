@@ -22,10 +22,14 @@ alternating order, a fresh interpreter per measurement runs, for each contender 
   import and build the empty model, report their /proc/self/smaps_rollup, wait for the parent's go, load
   to the CPU (peak private = anonymous and peak file-backed resident memory, from statm every 2 ms), run
   one forward and report again. Per contender and N: the private (``Anonymous``) and file-backed
-  (``Rss - Anonymous``: page cache pages, shared and reclaimable) memory above the level after imports,
-  the sum of the processes' PSS increases (each shared page counted once across them: what N processes
-  add to the machine) and the machine's used memory (MemTotal - MemAvailable) from the go to the last
-  forward (other processes on a shared machine move it by hundreds of MB).
+  (``Rss - Anonymous``: page cache pages, shared and reclaimable) memory above the level after imports
+  (and the part of the private memory after the load that is the contender's loading code, imported when
+  ``load_checkpoint_and_dispatch`` is first looked up: overdrive imports it then, Accelerate with the
+  package), the sum of the processes' PSS increases (each shared page counted once across them: what N
+  processes add to the machine; the parent reads every process's PSS at one moment once all are ready
+  and once all are done, since a page's share depends on how many processes map it when it is read) and
+  the machine's used memory (MemTotal - MemAvailable) from the go to the last forward (other processes on
+  a shared machine move it by hundreds of MB).
 
 The checkpoint files are read once before the rounds so both contenders find them in the page cache.
 Targets (issue 13): peak load memory <= model size + largest shard + 10%; overdrive's load time and
@@ -73,10 +77,10 @@ def _rss() -> int:
     return _statm()[0]
 
 
-def _smaps() -> dict[str, int]:
-    """This process's /proc/self/smaps_rollup totals in bytes (Rss, Pss, Anonymous, Private_Dirty...)."""
+def _smaps(pid: int | str = "self") -> dict[str, int]:
+    """A process's /proc/<pid>/smaps_rollup totals in bytes (Rss, Pss, Anonymous, Private_Dirty...)."""
     values = {}
-    with open("/proc/self/smaps_rollup") as rollup:
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
         for line in rollup:
             parts = line.split()
             if len(parts) == 3 and parts[2] == "kB":
@@ -186,13 +190,16 @@ def ranks_worker(contender: str, folder: str, size: dict[str, int]) -> None:
     sys.stdin.readline()
     with PeakRSS() as memory:
         start = time.perf_counter()
-        model = library.load_checkpoint_and_dispatch(model, folder, device_map={"": "cpu"})
+        load = library.load_checkpoint_and_dispatch  # overdrive imports its loading code here, on first use
+        imported = _smaps()  # (Accelerate imported all of its code with the package, before "ready")
+        model = load(model, folder, device_map={"": "cpu"})
         load_s = time.perf_counter() - start
     loaded = _smaps()
     with torch.no_grad():
         model(tokens)
     after = _smaps()
-    print("done " + json.dumps({**after, "loaded": loaded, "load_s": load_s, "peak_rss": memory.peak - memory.start,
+    print("done " + json.dumps({**after, "imported": imported, "loaded": loaded, "load_s": load_s,
+                                "peak_rss": memory.peak - memory.start,
                                 "peak_private": memory.peak_private - (memory.start - memory.start_file),
                                 "peak_file": memory.peak_file - memory.start_file}), flush=True)
     sys.stdin.readline()
@@ -216,12 +223,17 @@ def _run_ranks(contender: str, ranks: int, folder: Path, args: argparse.Namespac
     try:
         ready = [message(proc, "ready") for proc in procs]
         time.sleep(0.5)
+        # every process's PSS read at one moment, before the go and once all are done: a page's PSS share
+        # depends on how many processes map it at that moment, so a process reading its own when it is
+        # done, before slower ones have mapped the weights, counts the shared pages as its own
+        settled = [_smaps(proc.pid) for proc in procs]
         used_before = _machine_used()
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
         done = [message(proc, "done") for proc in procs]
+        finished = [_smaps(proc.pid) for proc in procs]
         used_after = _machine_used()
     finally:
         for proc in procs:
@@ -234,12 +246,96 @@ def _run_ranks(contender: str, ranks: int, folder: Path, args: argparse.Namespac
 
     return {"ranks": ranks, "load_s": max(d["load_s"] for d in done),
             "peak_private": max(d["peak_private"] for d in done), "peak_file": max(d["peak_file"] for d in done),
+            "private_of_code": max(d["imported"]["Anonymous"] - r["Anonymous"] for r, d in zip(ready, done)),
             "private_after_load": max(d["loaded"]["Anonymous"] - r["Anonymous"] for r, d in zip(ready, done)),
             "private_of_forward": max(d["Anonymous"] - d["loaded"]["Anonymous"] for d in done),
             "private_of_forward_sum": sum(d["Anonymous"] - d["loaded"]["Anonymous"] for d in done),
             "private_after": max(above("Anonymous")),
             "file_after": max(r - a for r, a in zip(above("Rss"), above("Anonymous"))),
-            "pss_sum": sum(above("Pss")), "machine_used": used_after - used_before}
+            "pss_sum": sum(f["Pss"] - s["Pss"] for s, f in zip(settled, finished)),
+            "pss_sum_own_times": sum(above("Pss")),  # each process's own reading at "ready" and at "done"
+            "machine_used": used_after - used_before}
+
+
+def _anonymous_by_mapping(pid: int) -> dict[str, int]:
+    """A process's private (``Anonymous``) memory in bytes by kind of mapping, from /proc/<pid>/smaps."""
+    kinds: dict[str, int] = {}
+    kind, previous_file, previous_end = "", "", ""
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header: range perms offset dev inode [name]
+                start, end = fields[0].split("-")
+                name = fields[5] if len(fields) > 5 else ""
+                if name.startswith("/"):
+                    kind = f"written pages of {Path(name).name}"  # copy-on-write copies of a file's pages
+                elif name:
+                    kind = {"[heap]": "malloc heap (glibc's main arena)"}.get(name, name)
+                elif start == previous_end and previous_file:
+                    kind = f"anonymous after {previous_file} (its zero-initialised data, usually)"
+                elif "x" in fields[1]:
+                    kind = "executable anonymous (ctypes callbacks, JIT code)"
+                else:
+                    kind = "other anonymous (Python's object arenas, large malloc blocks, thread stacks)"
+                previous_file = Path(name).name if name.startswith("/") else previous_file if not name else ""
+                previous_end = end
+            elif fields[0] == "Anonymous:":
+                kinds[kind] = kinds.get(kind, 0) + int(fields[1]) * 1024
+    return kinds
+
+
+def attribute_worker(contender: str, folder: str, size: dict[str, int]) -> None:
+    """One process, stopping at each step for the parent to read its /proc/<pid>/smaps: after imports and the
+    empty model, after looking up the loading function (overdrive imports its loading code then), after the
+    load to the CPU, after one forward."""
+    import torch
+
+    def step(name: str) -> None:
+        print(f"step {name}", flush=True)
+        sys.stdin.readline()
+
+    library = _library(contender)
+    model = _empty_model(library, size)
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    step("ready")
+    load = library.load_checkpoint_and_dispatch
+    step("code imported")
+    model = load(model, folder, device_map={"": "cpu"})
+    step("loaded")
+    with torch.no_grad():
+        model(tokens)
+    step("forward")
+
+
+def _attribute(contender: str, folder: Path, args: argparse.Namespace) -> dict[str, dict[str, int]]:
+    """What each step of ``attribute_worker`` adds to the private memory, by kind of mapping (bytes)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, __file__, "--attribute-worker", contender, str(folder), "--size", args.size]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    readings = []
+    for line in proc.stdout:
+        if line.startswith("step "):
+            readings.append((line[5:].strip(), _anonymous_by_mapping(proc.pid)))
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+    if proc.wait(timeout=120) != 0:
+        raise RuntimeError(f"{contender} attribution worker failed (code {proc.returncode})")
+    steps = {}
+    for (_, before), (name, after) in zip(readings, readings[1:]):
+        added = {kind: after.get(kind, 0) - before.get(kind, 0) for kind in sorted({*before, *after})}
+        steps[name] = {kind: value for kind, value in added.items() if value}
+    return steps
+
+
+def _attribution_table(attribution: dict[str, dict[str, dict[str, int]]]) -> str:
+    lines = ["| contender | step | mapping | private added (kB) |", "|---|---|---|---:|"]
+    for contender, steps in attribution.items():
+        for step, kinds in steps.items():
+            for kind, value in sorted(kinds.items(), key=lambda item: -abs(item[1])):
+                lines.append(f"| {contender} | {step} | {kind} | {value / 1024:.0f} |")
+            lines.append(f"| {contender} | {step} | **all** | **{sum(kinds.values()) / 1024:.0f}** |")
+    return "\n".join(lines)
 
 
 def _save_checkpoint(folder: Path, size: dict[str, int], shard_mb: int) -> dict[str, int]:
@@ -294,17 +390,19 @@ def _table(summary: dict[str, Any], facts: dict[str, int]) -> str:
 def _memory_table(rows: dict[str, dict[int, dict[str, Any]]], facts: dict[str, int]) -> str:
     mb, model = 1e6, facts["model_bytes"]
     lines = ["| processes | contender | load (s) | peak private (MB) | peak file-backed (MB) | private after load (MB) | "
-             "private after forward (MB, % of model) | of which the forward's (MB) | file-backed after forward (MB) | "
-             "PSS sum of all processes (MB) | machine used (MB) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "of which code imported on first use (MB) | private after forward (MB, % of model) | "
+             "of which the forward's (MB) | file-backed after forward (MB) | PSS sum of all processes (MB) | "
+             "machine used (MB) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for ranks in sorted({r for by in rows.values() for r in by}):
         for contender in ("overdrive", "accelerate"):
             r = rows[contender][ranks]
             lines.append(f"| {ranks} | {contender} | {r['load_s']:.2f} | {r['peak_private'] / mb:.0f} | "
                          f"{r['peak_file'] / mb:.0f} | {r.get('private_after_load', 0) / mb:.1f} | "
-                         f"{r['private_after'] / mb:.0f} ({100 * r['private_after'] / model:.0f}%) | "
+                         f"{r.get('private_of_code', 0) / mb:.1f} | "
+                         f"{r['private_after'] / mb:.1f} ({100 * r['private_after'] / model:.0f}%) | "
                          f"{r.get('private_of_forward', 0) / mb:.1f} | "
-                         f"{r['file_after'] / mb:.0f} | {r['pss_sum'] / mb:.0f} | {r['machine_used'] / mb:.0f} |")
+                         f"{r['file_after'] / mb:.0f} | {r['pss_sum'] / mb:.1f} | {r['machine_used'] / mb:.0f} |")
     notes = []
     for contender in ("overdrive", "accelerate"):
         by = rows[contender]
@@ -313,9 +411,11 @@ def _memory_table(rows: dict[str, dict[int, dict[str, Any]]], facts: dict[str, i
             # what the loads leave: each process's own forward work memory (activations, torch's first-run
             # caches: the same with any loader) taken out
             loads = {n: by[n]["pss_sum"] - by[n].get("private_of_forward_sum", 0) for n in (1, top)}
-            notes.append(f"{contender}: {top} processes / 1 process: PSS sum x{by[top]['pss_sum'] / by[1]['pss_sum']:.2f}, "
+            own = by[top]["pss_sum_own_times"] / by[1]["pss_sum_own_times"]
+            notes.append(f"{contender}: {top} processes / 1 process: PSS sum x{by[top]['pss_sum'] / by[1]['pss_sum']:.2f} "
+                         f"(x{own:.2f} from each process's own readings), "
                          f"without each process's forward work memory x{loads[top] / loads[1]:.2f}, "
-                         f"machine used x{by[top]['machine_used'] / max(by[1]['machine_used'], 1):.2f}")
+                         f"machine used {by[1]['machine_used'] / 1e6:.0f} -> {by[top]['machine_used'] / 1e6:.0f} MB")
     return "\n".join(lines) + "\n" + "; ".join(notes)
 
 
@@ -330,10 +430,16 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2,4", help="process counts for the memory table ('' to skip it)")
     parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "TASK", "FOLDER"), help=argparse.SUPPRESS)
     parser.add_argument("--ranks-worker", nargs=2, metavar=("CONTENDER", "FOLDER"), help=argparse.SUPPRESS)
+    parser.add_argument("--attribute", action="store_true",
+                        help="also split one process's private memory by mapping at each step (/proc/<pid>/smaps)")
+    parser.add_argument("--attribute-worker", nargs=2, metavar=("CONTENDER", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.size = args.size or ("quick" if args.quick else "full")
     if args.ranks_worker:
         ranks_worker(*args.ranks_worker, SIZES[args.size])
+        return
+    if args.attribute_worker:
+        attribute_worker(*args.attribute_worker, SIZES[args.size])
         return
     if args.worker:
         contender, task, folder = args.worker
@@ -368,10 +474,13 @@ def main() -> None:
                 result = _run_ranks(contender, ranks, folder, args)
                 memory_rows.setdefault(contender, {})[ranks] = result
                 print(f"ranks {ranks} {contender:10s} {json.dumps(result)}", flush=True)
+        attribution = {c: _attribute(c, folder, args) for c in ("overdrive", "accelerate")} if args.attribute else {}
     summary = {c: {k: statistics.median(v) for k, v in bucket.items()} for c, bucket in samples.items()}
     table = _table(summary, facts) if rounds else f"model {facts['model_bytes'] / 1e6:.0f} MB ({facts['num_shards']} shards)"
     if memory_rows:
         table += "\n\n" + _memory_table(memory_rows, facts)
+    if attribution:
+        table += "\n\n" + _attribution_table(attribution)
     print("\n" + table)
     if tokens:
         print(f"same greedy tokens: {tokens['overdrive'] == tokens['accelerate']}")
@@ -380,7 +489,7 @@ def main() -> None:
     import transformers
 
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "facts": facts, "median": summary,
-              "samples": samples, "memory": memory_rows, "same_tokens": tokens.get("overdrive") == tokens.get("accelerate"), "table": table,
+              "samples": samples, "memory": memory_rows, "attribution": attribution, "same_tokens": tokens.get("overdrive") == tokens.get("accelerate"), "table": table,
               "versions": {"torch": torch.__version__, "accelerate": accelerate.__version__,
                            "transformers": transformers.__version__, "python": platform.python_version()},
               "cpus": os.cpu_count(), "load_avg": {"start": load_avg_start, "end": os.getloadavg()}}
