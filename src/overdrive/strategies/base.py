@@ -85,7 +85,8 @@ class StrategyBase:
         return objects
 
     def path_overrides(self) -> Mapping[str, PathStep]:
-        """The model path's steps this strategy replaces, by name (``transforms.path.STEPS``); none by default."""
+        """The model path's steps this strategy replaces, by name (``ModelPath.names``: the built-in
+        ``transforms.path.STEPS`` and the steps added with ``register_step``); none by default."""
         return {}
 
     def model_path(self, device_placement: bool = True, evaluation_mode: bool = False) -> ModelPath:

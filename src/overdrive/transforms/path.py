@@ -15,9 +15,13 @@ step                         default (what a strategy that overrides nothing get
 ===========================  =========================================================================
 
 A strategy changes a step by name (``StrategyBase.path_overrides``): an override is a function
-``(path, model) -> model`` that may call the default (``path.placement(model)``, ...) before or after
-its own work, or :func:`skip` it. So compile and activation checkpointing mean the same under every
-strategy, and what a strategy does differently is listed in one place per strategy.
+``(path, model) -> model`` that may call the default (``path.placement(model)``, ``path.default(name)``,
+...) before or after its own work, or :func:`skip` it. So compile and activation checkpointing mean the
+same under every strategy, and what a strategy does differently is listed in one place per strategy.
+
+A new transform joins the path with :func:`register_step` (``register_step("freeze", freeze,
+after="activation_checkpointing")``, in the transform's own module): every strategy then runs it in that
+place, and a strategy overrides it by name like a built-in step.
 """
 
 from __future__ import annotations
@@ -37,12 +41,65 @@ if TYPE_CHECKING:
     from overdrive.runtime.mesh import ParallelMesh
     from overdrive.transforms.hooks import HookRegistry
 
-#: the model path's steps, in the order they run
+#: the model path's built-in steps, in the order they run (:func:`register_step` adds steps between them)
 STEPS = ("placement", "precision_hooks", "fp8", "parallelize", "activation_checkpointing", "compile",
          "data_parallel")
 
-#: a strategy's replacement for a step: ``(path, model) -> model``
+#: a step added with :func:`register_step`, or a strategy's replacement for a step: ``(path, model) -> model``
 PathStep = Callable[["ModelPath", nn.Module], nn.Module]
+
+#: the steps added with :func:`register_step`, in the order they were added: name -> (step, the step it follows)
+_ADDED: dict[str, tuple[PathStep, str]] = {}
+
+
+def step_names() -> tuple[str, ...]:
+    """The model path's steps in the order they run: each built-in step of :data:`STEPS`, then the steps
+    registered right after it (in the order they were registered, each followed by its own)."""
+    order: list[str] = []
+
+    def emit(name: str) -> None:
+        order.append(name)
+        for added, (_, after) in _ADDED.items():
+            if after == name:
+                emit(added)
+
+    for name in STEPS:
+        emit(name)
+    return tuple(order)
+
+
+def register_step(name: str, step: PathStep, *, after: str) -> None:
+    """Add ``step`` (``(path, model) -> model``, in place) to the model path of every strategy, run right after
+    the step called ``after``. Each ``prepare()`` of a model runs it there, as it runs the built-in steps; a
+    strategy replaces it by name in its ``path_overrides``. Registering a name again replaces its step and
+    place. The built-in steps keep their names: a strategy overrides them, nothing replaces them for all."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a model path step's name is an identifier (letters, digits, _); got {name!r}")
+    if name in STEPS:
+        raise ValueError(f"{name!r} is a built-in step of the model path: a strategy replaces it in its "
+                         "path_overrides; register the transform under its own name")
+    if not callable(step):
+        raise TypeError(f"a model path step is a function (path, model) -> model; got {step!r} for {name!r}")
+    previous = _ADDED.pop(name, None)
+    names = step_names()
+    if after not in names:
+        if previous is not None:
+            _ADDED[name] = previous
+        raise ValueError(f"the model path has no step {after!r} for {name!r} to run after; its steps: "
+                         f"{', '.join(names)}")
+    _ADDED[name] = (step, after)
+
+
+def remove_step(name: str) -> None:
+    """Take the step ``name`` added with :func:`register_step` out of the model path (the paths built from
+    now on)."""
+    if name not in _ADDED:
+        raise ValueError(f"no step {name!r} was added with register_step; added: {', '.join(_ADDED) or 'none'}")
+    followers = [added for added, (_, after) in _ADDED.items() if after == name]
+    if followers:
+        raise ValueError(f"cannot remove the model path step {name!r}: {', '.join(followers)} run after it; "
+                         "remove them first")
+    del _ADDED[name]
 #: parameters fp8 conversion replaced: ``id(old) -> (weakref(old), new)``
 Replaced = dict[int, tuple[weakref.ref, nn.Parameter]]
 
@@ -96,34 +153,46 @@ class ModelPath:
         #: the parameters fp8 conversion replaced in this run (also added to the context's ``fp8_replaced``)
         self.replaced: Replaced = {}
         self._blocks: list[nn.Module] | None = None
+        #: the steps of this path, in the order they run (the built-ins and the registered ones, as they are now)
+        self.names = step_names()
         self._defaults: dict[str, Callable[[nn.Module], nn.Module]] = {
             "placement": self.placement, "precision_hooks": self.precision_hooks, "fp8": self.fp8,
             "parallelize": self.parallelize, "activation_checkpointing": self.activation_checkpointing,
             "compile": self.compile, "data_parallel": self.data_parallel}
+        for name, (step, _) in _ADDED.items():
+            self._defaults[name] = self._bind(step)
         self.overrides: dict[str, PathStep] = {}
         for name, step in (overrides or {}).items():
             self.override(name, step)
 
     def override(self, name: str, step: PathStep) -> None:
-        """Run ``step`` instead of the step called ``name`` (one of :data:`STEPS`)."""
-        if name not in STEPS:
-            raise ValueError(f"the model path has no step {name!r}; its steps: {', '.join(STEPS)}")
+        """Run ``step`` instead of the step called ``name`` (one of :attr:`names`)."""
+        self._check(name)
         self.overrides[name] = step
 
     def step(self, name: str) -> Callable[[nn.Module], nn.Module]:
         """The step called ``name`` as it runs in this path: the override if there is one, else the default."""
-        if name not in STEPS:
-            raise ValueError(f"the model path has no step {name!r}; its steps: {', '.join(STEPS)}")
+        self._check(name)
         override = self.overrides.get(name)
-        if override is None:
-            return self._defaults[name]
-        return lambda model: override(self, model)
+        return self._defaults[name] if override is None else self._bind(override)
+
+    def default(self, name: str) -> Callable[[nn.Module], nn.Module]:
+        """The step called ``name`` as it runs when no strategy overrides it (an override may call it)."""
+        self._check(name)
+        return self._defaults[name]
 
     def run(self, model: nn.Module) -> nn.Module:
         """Every step in order; return what trains (``model`` itself unless ``data_parallel`` wraps it)."""
-        for name in STEPS:
+        for name in self.names:
             model = self.step(name)(model)
         return model
+
+    def _check(self, name: str) -> None:
+        if name not in self.names:
+            raise ValueError(f"the model path has no step {name!r}; its steps: {', '.join(self.names)}")
+
+    def _bind(self, step: PathStep) -> Callable[[nn.Module], nn.Module]:
+        return lambda model: step(self, model)
 
     # -- the default steps -----------------------------------------------------------------------------
     def placement(self, model: nn.Module) -> nn.Module:

@@ -66,8 +66,8 @@ class DeepSpeedStrategy(StrategyBase):
     # -- building engines --------------------------------------------------------------------------
     def path_overrides(self) -> Mapping[str, PathStep]:
         """The engine places the model, runs its precision (its bf16 / fp16 block; fp8 is not run) and its
-        data parallelism (ZeRO): of the model path, only ``parallelize``, ``activation_checkpointing`` and
-        ``compile`` run, before the engine is built."""
+        data parallelism (ZeRO): of the model path, only ``parallelize``, ``activation_checkpointing``,
+        ``compile`` and the steps added with ``register_step`` run, before the engine is built."""
         return {"placement": skip, "precision_hooks": skip, "fp8": skip, "data_parallel": skip}
 
     def prepare_together(self, objects: list[Any]) -> list[Any]:
