@@ -114,9 +114,27 @@ def _needed(item: pytest.Item) -> list[str]:
     return names
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist hands whole files to its workers in the collection's order (below: the slow files first),
+    not sorted by their number of tests (its default: the one-test files, often the slowest, came last)."""
+    if getattr(config.option, "loadscopereorder", None) is not None:
+        config.option.loadscopereorder = False
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Order the files by their number of ``slow`` tests, most first (the files' own order otherwise, and each
+    file's tests in theirs): with whole files to each of 2 workers, a long file started last is a long tail."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + bool(
+            item.get_closest_marker("slow"))
+    order = {path: rank for rank, path in enumerate(sorted(slow, key=lambda path: -slow[path]))}
+    items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark multi-process modules and the tests that need optional packages; skip the tests whose packages
-    are missing, and the GPU tests on a machine without CUDA."""
+    are missing, and the GPU tests on a machine without CUDA; the files with slow tests first."""
     gpu_skip = None
     found: dict[str, bool] = {}
     for item in items:
@@ -137,6 +155,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
                 gpu_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
             item.add_marker(gpu_skip)
+    _slow_files_first(items)
 
 
 _DEEPSPEED_BUILD_PROBLEM = pytest.StashKey[str]()

@@ -26,6 +26,7 @@ def test_known_list_is_well_formed_and_lists_only_reference_tests():
 
 @pytest.mark.optional  # the sdist from the package registry, parameterized
 @pytest.mark.multiprocess
+@pytest.mark.slow  # ~60 s on 2 cores
 @pytest.mark.timeout(900)
 def test_accelerate_suite_fast_files_pass_under_overdrive(tmp_path):
     cache = ROOT / ".cache" / "accelerate_suite"
