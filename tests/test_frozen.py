@@ -1,4 +1,4 @@
-"""The plan's written-out value classes behave as the frozen dataclasses they replace (overdrive/_frozen.py)."""
+"""The plan's written-out value classes behave as the frozen dataclasses they replace (overdrive/config/_frozen.py)."""
 
 from __future__ import annotations
 

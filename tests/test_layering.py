@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: A module may import from its own layer and the layers below.
 LAYERS: list[tuple[str, ...]] = [
     # 0 plain values: import nothing from the rest of overdrive
-    ("overdrive.config", "overdrive._lazy", "overdrive._version", "overdrive._frozen"),
+    ("overdrive.config", "overdrive._version"),
     # 1 where code runs: rank and world size (runtime/group.py, the one source), device, process group, mesh
     ("overdrive.runtime",),
     # 2 helpers over torch and the runtime: collectives over nested structures, logging, seeds, memory, the

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from overdrive._lazy import lazy_exports
 from overdrive._version import __version__
 from overdrive.compat.paths import install_served_paths
+from overdrive.config._lazy import lazy_exports
 
 # Accelerate's dotted paths (overdrive.utils, overdrive.hooks, ...) come from the compat table, not from files
 install_served_paths()

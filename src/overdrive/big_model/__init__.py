@@ -16,7 +16,7 @@ Names are imported on first use.
 
 from __future__ import annotations
 
-from overdrive._lazy import lazy_exports
+from overdrive.config._lazy import lazy_exports
 
 _MODULES = {
     "init": ("init_empty_weights", "init_on_device"),

@@ -66,8 +66,8 @@ class _ServedLoader:
             # the import system stamped the served spec on it: the module keeps its own identity
             module.__spec__ = self.own_spec
             return
-        from overdrive._lazy import lazy_exports
         from overdrive.compat.table import NAMES
+        from overdrive.config._lazy import lazy_exports
 
         names = NAMES[module.__name__]
         module.__doc__ = (f"``accelerate{module.__name__[len('overdrive'):]}`` under overdrive: names served from "

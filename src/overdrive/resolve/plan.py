@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from overdrive._frozen import FrozenValue
 from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -21,6 +20,7 @@ from overdrive.config import (
     ProfileKwargs,
     ProjectConfiguration,
 )
+from overdrive.config._frozen import FrozenValue
 from overdrive.precision import PrecisionPolicy
 from overdrive.runtime.mesh import ParallelDims
 from overdrive.transforms.settings import ModelTransforms
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 # -- each strategy's own settings, typed: a misspelt setting is a TypeError, not silently dropped -----------
-# (written out rather than as frozen dataclasses: they are built at every start-up, see overdrive._frozen)
+# (written out rather than as frozen dataclasses: they are built at every start-up, see overdrive.config._frozen)
 class SingleSettings(FrozenValue):
     """One process: nothing to set."""
 

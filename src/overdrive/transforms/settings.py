@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from overdrive._frozen import FrozenValue
 from overdrive.config import FullyShardedDataParallelPlugin
+from overdrive.config._frozen import FrozenValue
 from overdrive.precision.policy import PrecisionPolicy
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class CompileSettings(FrozenValue):
     """``torch.compile`` options (from ``TorchDynamoPlugin`` or ``dynamo_backend``), resolved.
     ``regional``: compile each repeated block (once per distinct block class) instead of the whole model.
-    (Written out rather than a frozen dataclass: built at every start-up, see overdrive._frozen.)"""
+    (Written out rather than a frozen dataclass: built at every start-up, see overdrive.config._frozen.)"""
 
     backend: str
     mode: str | None
