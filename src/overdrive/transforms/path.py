@@ -100,6 +100,8 @@ def remove_step(name: str) -> None:
         raise ValueError(f"cannot remove the model path step {name!r}: {', '.join(followers)} run after it; "
                          "remove them first")
     del _ADDED[name]
+
+
 #: parameters fp8 conversion replaced: ``id(old) -> (weakref(old), new)``
 Replaced = dict[int, tuple[weakref.ref, nn.Parameter]]
 
