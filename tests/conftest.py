@@ -124,12 +124,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def _slow_files_first(items: list[pytest.Item]) -> None:
     """Order the files by their number of ``slow`` tests, most first (the files' own order otherwise, and each
     file's tests in theirs): with whole files to each of 2 workers, a long file started last is a long tail."""
+    def file(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
     slow: dict[str, int] = {}
     for item in items:
-        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + bool(
-            item.get_closest_marker("slow"))
+        slow[file(item)] = slow.get(file(item), 0) + bool(item.get_closest_marker("slow"))
     order = {path: rank for rank, path in enumerate(sorted(slow, key=lambda path: -slow[path]))}
-    items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
+    items.sort(key=lambda item: order[file(item)])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -108,7 +108,6 @@ def test_stdout_and_stderr_keep_the_workers_order_when_piped_together(tmp_path):
         [f"progress {i}" for i in range(6)], apart.stderr
 
 
-
 _HANDOVER = ("import faulthandler, os, subprocess, sys\n"
              "if os.environ['RANK'] == '0':\n"
              "    print('before child')\n"
