@@ -10,10 +10,22 @@ round at load 1, which pairing at the item level cancels. Used by step_calls.py 
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 
 _END = object()
+
+
+def round_order(names: list[str], round_index: int) -> list[str]:
+    """The order of round ``round_index``: a permutation of ``names`` drawn from the round's number (the same in
+    every process). Rotating a fixed order keeps each loop next to the same two others in every round, and with
+    more than two loops that biased the ratios: on 2 Dec a second plain loader (an A/A control) timed x1.007 of
+    the first, and reordering the same four loaders moved every ratio by up to 1% (bench/loader_overhead.py);
+    a fresh permutation each round spreads every loop's neighbours evenly."""
+    order = list(names)
+    random.Random(round_index).shuffle(order)
+    return order
 
 
 def interleaved_round(starts: dict[str, Callable[[], Iterator]], order: list[str]) -> tuple[dict[str, float], int]:

@@ -9,7 +9,7 @@ intra-op thread) and does nothing with the batches, so the loader's own cost is 
 processes both ranks iterate at once (a gloo group exists, as in training; neither loader communicates
 while iterating); rank 0's times are reported. After a warm-up epoch each, every round runs one epoch of all
 the loaders interleaved batch by batch (each ``iter()`` and ``next()`` timed with ``perf_counter``, the order
-reversed at each batch and rotated each round), so that what a shared host does over tens of milliseconds
+reversed at each batch, a new random order each round: ``interleave.round_order``), so that what a shared host does over tens of milliseconds
 falls on both alike; ``--blocks`` instead times whole epochs in turn (ABBA), with CPU time too (the earlier
 method). Reported: the median time per batch, the median of prepared/plain per round with a distribution-free
 95% confidence interval (and with ``--blocks`` the same ratio on CPU time). Target (issue 15): x1.005. Accelerate's
@@ -48,7 +48,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
-from interleave import interleaved_round  # noqa: E402
+from interleave import interleaved_round, round_order  # noqa: E402
 
 BATCH, STEPS, TARGET = 64, 100, 1.005
 
@@ -149,15 +149,15 @@ def worker(rank: int, world: int, port: int, rounds: int, out_path: str, blocks:
     counts = {name: _epoch(run) for name, run in runs.items()}  # warm-up epoch; same number of batches
     names = list(runs)
     for r in range(rounds):
-        rotated = names[r % len(names):] + names[:r % len(names)]  # the first one rotates
+        order = round_order(names, r)
         if not blocks:
             gc.collect()
             if world > 1:
                 dist.barrier()
-            for name, seconds in interleaved_round(runs, rotated)[0].items():
+            for name, seconds in interleaved_round(runs, order)[0].items():
                 wall[name].append(seconds / counts[name])
             continue
-        for name in rotated:
+        for name in order:
             gc.collect()
             if world > 1:
                 dist.barrier()

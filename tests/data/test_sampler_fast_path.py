@@ -67,3 +67,44 @@ def test_random_sampler_order_draws_as_iterating_it(own_generator):
             states.append((order, after))
         assert states[0] == states[1], (length, num_samples)
         assert len(states[0][0]) == (num_samples or length)
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_drawn_but_unused_permutation_leaves_the_generator_where_randperm_does(checked, monkeypatch):
+    """The permutation torch's RandomSampler draws after its last index is not built, only drawn
+    (``_draw_as_randperm``); the generator must end where ``torch.randperm`` leaves it, on the cheap path and on
+    the fallback taken when this torch's draws do not match (``_fill_draws_as_randperm`` false)."""
+    from overdrive.data import sampler as sampler_module
+
+    if not checked:
+        monkeypatch.setattr(sampler_module, "_fill_draws_as_randperm", lambda: False)
+    for size in [1, 2, 3, 17, 1000, 12_800]:
+        drawn, built = torch.Generator().manual_seed(size), torch.Generator().manual_seed(size)
+        sampler_module._draw_as_randperm(size, drawn)
+        torch.randperm(size, generator=built)
+        assert torch.equal(drawn.get_state(), built.get_state()), size
+        assert torch.randint(10**9, (3,), generator=drawn).tolist() == \
+            torch.randint(10**9, (3,), generator=built).tolist()
+    assert sampler_module._fill_draws_as_randperm() is checked  # torch 2.13's draws do match
+
+
+def test_each_batch_is_its_own_list_made_when_asked():
+    """The shard hands out one fresh list per batch, sliced when the DataLoader asks for it, not a hundred made
+    at the epoch's start (which cost the 2-process loader gen-0 garbage collections): the batch lists of one
+    epoch are distinct objects, and the first batch exists before the later ones are made."""
+    import gc
+
+    shard = BatchSamplerShard(BatchSampler(RandomSampler(range(640), generator=torch.Generator().manual_seed(1)),
+                                           64, False), 2, 1)
+    def batch_sized_lists() -> int:
+        return sum(type(o) is list and len(o) == 64 for o in gc.get_objects())
+
+    before = batch_sized_lists()
+    iterator = iter(shard)
+    first = next(iterator)
+    made = batch_sized_lists() - before
+    rest = list(iterator)
+    assert len(rest) == 4 and len({id(b) for b in [first, *rest]}) == 5
+    assert 1 <= made <= 2  # this batch (and at most one made ahead), not the epoch's five
+    first.append(-1)  # a batch may be changed by its user without touching another
+    assert all(len(b) == 64 for b in rest)

@@ -9,6 +9,7 @@ even out.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence, Sized
@@ -53,18 +54,20 @@ class SeedableRandomSampler(RandomSampler):
 
     def order(self) -> list[int]:
         """This epoch's whole order, the indices iterating yields, as one list."""
+        return self.order_tensor().tolist()
+
+    def order_tensor(self) -> torch.Tensor:
+        """This epoch's whole order as a 1-D int64 tensor (a sharded loader cuts its batches from it in C)."""
         # Re-seeded per epoch: the order never depends on how much was drawn before.
         generator = self.generator if self.generator is not None else torch.Generator()
         generator.manual_seed((self.seed + self.epoch) % 2**64)
         size = len(self.data_source)
         if self.replacement:
-            return torch.randint(size, (self.num_samples,), generator=generator).tolist()
-        order: list[int] = []
-        for _ in range(self.num_samples // size):
-            order += torch.randperm(size, generator=generator).tolist()
+            return torch.randint(size, (self.num_samples,), generator=generator)
+        parts = [torch.randperm(size, generator=generator) for _ in range(self.num_samples // size)]
         if self.num_samples % size:
-            order += torch.randperm(size, generator=generator)[: self.num_samples % size].tolist()
-        return order
+            parts.append(torch.randperm(size, generator=generator)[: self.num_samples % size])
+        return _joined(parts)
 
     def _next_epoch(self) -> Iterator[int]:
         self.epoch += 1  # reached only once the epoch's order was read to its end
@@ -188,31 +191,40 @@ class BatchSamplerShard(Sampler[list[int]]):
             return itertools.chain.from_iterable(self._epoch_at_first_next())
         return self._own_batches()
 
-    def _epoch_at_first_next(self) -> Iterator[list[list[int]]]:
+    def _epoch_at_first_next(self) -> Iterator[Iterator[list[int]]]:
         yield self._own_batches_at_once()
 
-    def _own_batches_at_once(self) -> list[list[int]]:
-        """This process's batches of the epoch, cut from the epoch's index order in one go (C-level slices):
-        the same batches as ``_own_batches``, without walking the other processes' batches one by one."""
+    def _own_batches_at_once(self) -> Iterator[list[int]]:
+        """This process's batches of the epoch, cut from the epoch's index order in one go: the same batches as
+        ``_own_batches``, without walking the other processes' batches. The order stays a tensor: only this
+        process's indices of the complete rounds become Python ints (one ``tolist()`` of a strided view), and
+        each batch's list is sliced from them when the DataLoader asks for it, as torch's BatchSampler makes
+        one list per batch (a hundred lists made at the epoch's start cost the bench's 2-process loader 0.5%
+        in gen-0 garbage collections alone)."""
         n, size, me = self.num_processes, self.batch_size, self.process_index
         batch_sampler = self.batch_sampler
         # __iter__ comes here only for torch's own BatchSampler (_plain_batches), which has a batch size
         assert isinstance(batch_sampler, BatchSampler) and size is not None
-        order = _epoch_order(batch_sampler.sampler)
-        whole = len(order) // (size * n) * size * n  # the samples of the complete rounds
-        mine = [order[start:start + size] for start in range(me * size, whole, size * n)]
-        rest = order[whole:]
-        if rest:
-            group = [rest[i:i + size] for i in range(0, len(rest), size)]
-            if self.drop_last and len(group[-1]) < size:
-                group.pop()  # the batch sampler drops its short last batch
-            if group:
-                first = [order[i:i + size] for i in range(0, min(n * size, len(order)), size)]
-                for parts in self._last_whole_round(group, first):
-                    part = parts[me]
-                    if part is not None:
-                        mine.append(part)
-        return mine[self.skip_batches:]
+        order = _epoch_order_tensor(batch_sampler.sampler)
+        total = order.numel()
+        rounds = total // (size * n)  # complete rounds: every process a whole batch
+        whole = rounds * size * n
+        mine = order[:whole].view(rounds, n, size)[:, me].reshape(-1).tolist()
+        skip = self.skip_batches
+        cuts = range(min(skip, rounds) * size, (rounds + 1) * size, size)  # batch k is mine[cuts[k]:cuts[k + 1]]
+        batches: Iterator[list[int]] = map(mine.__getitem__, map(slice, cuts, cuts[1:]))
+        if whole == total:
+            return batches
+        rest = order[whole:].tolist()
+        group = [rest[i:i + size] for i in range(0, len(rest), size)]
+        if self.drop_last and len(group[-1]) < size:
+            group.pop()  # the batch sampler drops its short last batch
+        if not group:
+            return batches
+        head = order[:min(n * size, total)].tolist()
+        first = [head[i:i + size] for i in range(0, len(head), size)]
+        last = [parts[me] for parts in self._last_whole_round(group, first) if parts[me] is not None]
+        return itertools.chain(batches, last[max(skip - rounds, 0):])
 
     def _own_batches(self) -> Iterator[list[int]]:
         skip = self.skip_batches
@@ -284,35 +296,67 @@ def _plain_batches(batch_sampler: Any) -> bool:
 
 def _epoch_order(sampler: Any) -> list[int]:
     """The indices one pass over ``sampler`` yields (a ``_plain_batches`` sampler), as one list."""
+    return _epoch_order_tensor(sampler).tolist()
+
+
+def _epoch_order_tensor(sampler: Any) -> torch.Tensor:
+    """The indices one pass over ``sampler`` (a ``_plain_batches`` sampler) yields, as a 1-D int64 tensor, with
+    every generator left as that pass leaves it."""
     if type(sampler) is SeedableRandomSampler:
-        order = sampler.order()  # the list itself, not a copy made through its iterator
+        order = sampler.order_tensor()
         sampler.set_epoch(sampler.epoch + 1)  # where a full pass leaves it
         return order
     if type(sampler) is RandomSampler and not sampler.replacement and len(sampler.data_source) > 0:
         return _random_sampler_order(sampler)
-    return list(sampler)  # a SequentialSampler iterates a range: C-level already
+    if type(sampler) is SequentialSampler:
+        return torch.arange(len(sampler.data_source))
+    return torch.tensor(list(sampler), dtype=torch.int64)
 
 
-def _random_sampler_order(sampler: RandomSampler) -> list[int]:
+def _random_sampler_order(sampler: RandomSampler) -> torch.Tensor:
     """What iterating torch's ``RandomSampler`` (without replacement) to its end yields, from the same random
     numbers drawn in the same order, so that every generator is left as that pass leaves it: the global one
     gives the seed of a fresh generator when the sampler has none, then ``num_samples // n`` permutations are
     used whole and one more is always drawn for the rest (even when no index of it is used). The sampler is a
     generator that resumes once per index (12,800 resumes an epoch in bench/loader_overhead.py, ~3% of the
-    epoch); here the lists are built in C. Pinned to ``list(sampler)`` in tests/data/test_sampler_fast_path.py."""
+    epoch); here the order stays a tensor. Pinned to ``list(sampler)`` in tests/data/test_sampler_fast_path.py."""
     size = len(sampler.data_source)
     generator = sampler.generator
+    kept = generator is not None  # the sampler's own generator outlives the pass; one made here does not
     if generator is None:
         generator = torch.Generator()
         generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
     whole, rest = divmod(sampler.num_samples, size)
-    order: list[int] = []
-    for _ in range(whole):
-        order += torch.randperm(size, generator=generator).tolist()
-    last = torch.randperm(size, generator=generator)
+    parts = [torch.randperm(size, generator=generator) for _ in range(whole)]
     if rest:
-        order += last[:rest].tolist()
-    return order
+        parts.append(torch.randperm(size, generator=generator)[:rest])
+    elif kept:
+        _draw_as_randperm(size, generator)  # drawn, never used: only the generator's state after it counts
+    return _joined(parts)
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+
+def _draw_as_randperm(size: int, generator: torch.Generator) -> None:
+    """Leave ``generator`` as ``torch.randperm(size, generator=generator)`` leaves it, at half the cost: on the
+    CPU, randperm draws ``size - 1`` 32-bit numbers (one per Fisher-Yates swap), as many as filling a uint8
+    tensor of that length with ``random_``, without the divisions and swaps. Checked against randperm once per
+    process (``_fill_draws_as_randperm``); any other case draws the permutation itself."""
+    if size > 1 and generator.device.type == "cpu" and size < 2**32 // 20 and _fill_draws_as_randperm():
+        torch.empty(size - 1, dtype=torch.uint8).random_(generator=generator)
+    else:
+        torch.randperm(size, generator=generator)
+
+
+@functools.cache
+def _fill_draws_as_randperm() -> bool:
+    """Whether this torch's ``random_`` of ``k`` uint8 values leaves a CPU generator where ``randperm(k + 1)`` does."""
+    a, b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    torch.randperm(1001, generator=a)
+    torch.empty(1000, dtype=torch.uint8).random_(generator=b)
+    return torch.equal(a.get_state(), b.get_state())
 
 
 def _length(items: object, what: str) -> int:
