@@ -223,7 +223,7 @@ class BatchSamplerShard(Sampler[list[int]]):
             return batches
         head = order[:min(n * size, total)].tolist()
         first = [head[i:i + size] for i in range(0, len(head), size)]
-        last = [parts[me] for parts in self._last_whole_round(group, first) if parts[me] is not None]
+        last = [part for parts in self._last_whole_round(group, first) for part in (parts[me],) if part is not None]
         return itertools.chain(batches, last[max(skip - rounds, 0):])
 
     def _own_batches(self) -> Iterator[list[int]]:
