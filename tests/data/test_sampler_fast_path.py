@@ -55,7 +55,7 @@ def test_random_sampler_order_draws_as_iterating_it(own_generator):
     sampler's generator and torch's global generator in the same state (a later draw would differ otherwise)."""
     from overdrive.data.sampler import _epoch_order
 
-    for length, num_samples in [(1, None), (7, None), (16, None), (16, 5), (16, 16), (16, 33), (5, 15)]:
+    for length, num_samples in [(1, None), (2, None), (7, None), (16, None), (16, 16)]:
         states = []
         for read in (list, _epoch_order):
             torch.manual_seed(3)
@@ -67,6 +67,38 @@ def test_random_sampler_order_draws_as_iterating_it(own_generator):
             states.append((order, after))
         assert states[0] == states[1], (length, num_samples)
         assert len(states[0][0]) == (num_samples or length)
+
+
+def test_samplers_that_draw_as_they_go_take_the_general_path():
+    """A RandomSampler with replacement or with ``num_samples`` other than the data's length draws more random
+    numbers as its indices are read: its epoch is not drawn up front."""
+    from overdrive.data.sampler import _plain_batches
+
+    def plain(**kwargs: object) -> bool:
+        return _plain_batches(BatchSampler(RandomSampler(range(16), **kwargs), 4, False))  # pyright: ignore[reportArgumentType]
+
+    assert plain() and plain(num_samples=16)
+    assert not plain(num_samples=5) and not plain(num_samples=33) and not plain(replacement=True)
+
+
+def test_one_process_draws_where_torchs_batch_sampler_draws():
+    """With one process the shard cuts the epoch at once too; the random numbers are drawn at the same points as
+    iterating torch's BatchSampler draws them (the permutation at the first batch, the unused one where the
+    batch sampler reaches its end: before a short last batch, or on the request after the last full one),
+    checked after every batch for a generator the user holds and for torch's global one. Several processes:
+    against the real Accelerate, tests/data/test_shuffle_accelerate_parity.py."""
+    for length, size, drop_last, own in itertools.product([16, 17, 23, 40], [4, 8], [False, True], [True, False]):
+        states = []
+        for shard in (False, True):
+            torch.manual_seed(5)
+            generator = torch.Generator().manual_seed(9) if own else None
+            batch_sampler = BatchSampler(RandomSampler(range(length), generator=generator), size, drop_last)
+            seen = []
+            for batch in itertools.chain(BatchSamplerShard(batch_sampler, 1, 0) if shard else batch_sampler, [None]):
+                seen.append((batch, torch.random.get_rng_state().numpy().tobytes(),
+                             generator.get_state().numpy().tobytes() if generator is not None else None))
+            states.append(seen)
+        assert states[0] == states[1], (length, size, drop_last, own)
 
 
 @pytest.mark.parametrize("checked", [True, False])

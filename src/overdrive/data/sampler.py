@@ -180,15 +180,15 @@ class BatchSamplerShard(Sampler[list[int]]):
         return self.num_steps()
 
     def __iter__(self) -> Iterator[list[int]]:
+        if _plain_batches(self.batch_sampler) and (self.num_processes == 1 or not self.split_batches):
+            # cut on the first next(), not here: DataLoader makes this iterator before it draws its base seed,
+            # and the order must be drawn after that seed, as iterating the batch sampler draws it
+            return itertools.chain.from_iterable(self._epoch_at_first_next())
         if self.num_processes == 1:
             # Nothing to shard or even out: the batch sampler's own batches, with no generator of ours
             # between them and the DataLoader (this runs once per batch of every one-process loop).
             batches = iter(self.batch_sampler)
             return itertools.islice(batches, self.skip_batches, None) if self.skip_batches else batches
-        if not self.split_batches and _plain_batches(self.batch_sampler):
-            # cut on the first next(), not here: DataLoader makes this iterator before it draws its base seed,
-            # and the order must be drawn after that seed, as iterating the batch sampler draws it
-            return itertools.chain.from_iterable(self._epoch_at_first_next())
         return self._own_batches()
 
     def _epoch_at_first_next(self) -> Iterator[Iterator[list[int]]]:
@@ -196,16 +196,20 @@ class BatchSamplerShard(Sampler[list[int]]):
 
     def _own_batches_at_once(self) -> Iterator[list[int]]:
         """This process's batches of the epoch, cut from the epoch's index order in one go: the same batches as
-        ``_own_batches``, without walking the other processes' batches. The order stays a tensor: only this
-        process's indices of the complete rounds become Python ints (one ``tolist()`` of a strided view), and
-        each batch's list is sliced from them when the DataLoader asks for it, as torch's BatchSampler makes
-        one list per batch (a hundred lists made at the epoch's start cost the bench's 2-process loader 0.5%
-        in gen-0 garbage collections alone)."""
+        ``_own_batches``, without walking the batch sampler (whose sampler resumes a generator per index) or the
+        other processes' batches. The order stays a tensor: only this process's indices of the complete rounds
+        become Python ints (one ``tolist()`` of a strided view), and each batch's list is sliced from them when
+        the DataLoader asks for it, as torch's BatchSampler makes one list per batch (a hundred lists made at the
+        epoch's start cost the bench's 2-process loader 0.5% in gen-0 garbage collections alone). What a pass
+        draws after its last index is drawn where the batch sampler would reach its end: after the complete
+        rounds, before a last incomplete one."""
         n, size, me = self.num_processes, self.batch_size, self.process_index
         batch_sampler = self.batch_sampler
         # __iter__ comes here only for torch's own BatchSampler (_plain_batches), which has a batch size
         assert isinstance(batch_sampler, BatchSampler) and size is not None
-        order = _epoch_order_tensor(batch_sampler.sampler)
+        sampler = batch_sampler.sampler
+        order = _epoch_order_tensor(sampler)
+        at_end = _after_last_index(sampler)
         total = order.numel()
         rounds = total // (size * n)  # complete rounds: every process a whole batch
         whole = rounds * size * n
@@ -214,17 +218,17 @@ class BatchSamplerShard(Sampler[list[int]]):
         cuts = range(min(skip, rounds) * size, (rounds + 1) * size, size)  # batch k is mine[cuts[k]:cuts[k + 1]]
         batches: Iterator[list[int]] = map(mine.__getitem__, map(slice, cuts, cuts[1:]))
         if whole == total:
-            return batches
+            return itertools.chain(batches, at_end)
         rest = order[whole:].tolist()
         group = [rest[i:i + size] for i in range(0, len(rest), size)]
         if self.drop_last and len(group[-1]) < size:
             group.pop()  # the batch sampler drops its short last batch
         if not group:
-            return batches
+            return itertools.chain(batches, at_end)
         head = order[:min(n * size, total)].tolist()
         first = [head[i:i + size] for i in range(0, len(head), size)]
         last = [part for parts in self._last_whole_round(group, first) for part in (parts[me],) if part is not None]
-        return itertools.chain(batches, last[max(skip - rounds, 0):])
+        return itertools.chain(batches, at_end, last[max(skip - rounds, 0):])
 
     def _own_batches(self) -> Iterator[list[int]]:
         skip = self.skip_batches
@@ -288,51 +292,53 @@ class BatchSamplerShard(Sampler[list[int]]):
 
 
 def _plain_batches(batch_sampler: Any) -> bool:
-    """Whether ``batch_sampler`` is torch's own BatchSampler over a finite sampler of torch's or ours, whose
-    whole epoch can be listed up front."""
-    return type(batch_sampler) is BatchSampler and type(batch_sampler.sampler) in (
-        RandomSampler, SequentialSampler, SeedableRandomSampler)
+    """Whether ``batch_sampler`` is torch's own BatchSampler over a sampler whose whole epoch can be drawn up
+    front with every random number drawn as iterating it draws them: a ``SequentialSampler``, a
+    ``SeedableRandomSampler``, or a ``RandomSampler`` of one permutation an epoch (no replacement, ``num_samples``
+    the data's length; otherwise it draws more as its indices are read, which a generator shared with the
+    training loop would see)."""
+    if type(batch_sampler) is not BatchSampler:
+        return False
+    sampler = batch_sampler.sampler
+    if type(sampler) is RandomSampler:
+        return not sampler.replacement and sampler.num_samples == len(sampler.data_source) > 0
+    return type(sampler) in (SequentialSampler, SeedableRandomSampler)
 
 
 def _epoch_order(sampler: Any) -> list[int]:
-    """The indices one pass over ``sampler`` yields (a ``_plain_batches`` sampler), as one list."""
-    return _epoch_order_tensor(sampler).tolist()
+    """The indices one pass over ``sampler`` (a ``_plain_batches`` sampler) yields, as one list, with what the
+    pass draws after its last index drawn too."""
+    order = _epoch_order_tensor(sampler).tolist()
+    for _ in _after_last_index(sampler):
+        pass
+    return order
 
 
 def _epoch_order_tensor(sampler: Any) -> torch.Tensor:
-    """The indices one pass over ``sampler`` (a ``_plain_batches`` sampler) yields, as a 1-D int64 tensor, with
-    every generator left as that pass leaves it."""
+    """The indices one pass over ``sampler`` (a ``_plain_batches`` sampler) yields, as a 1-D int64 tensor, drawn
+    from the same random numbers in the same order; what the pass draws after its last index is left to
+    ``_after_last_index``."""
     if type(sampler) is SeedableRandomSampler:
-        order = sampler.order_tensor()
-        sampler.set_epoch(sampler.epoch + 1)  # where a full pass leaves it
-        return order
-    if type(sampler) is RandomSampler and not sampler.replacement and len(sampler.data_source) > 0:
-        return _random_sampler_order(sampler)
-    if type(sampler) is SequentialSampler:
-        return torch.arange(len(sampler.data_source))
-    return torch.tensor(list(sampler), dtype=torch.int64)
+        return sampler.order_tensor()
+    if type(sampler) is RandomSampler:
+        generator = sampler.generator
+        if generator is None:  # as torch's sampler: a fresh generator seeded from the global one
+            generator = torch.Generator()
+            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        return torch.randperm(len(sampler.data_source), generator=generator)
+    return torch.arange(len(sampler.data_source))
 
 
-def _random_sampler_order(sampler: RandomSampler) -> torch.Tensor:
-    """What iterating torch's ``RandomSampler`` (without replacement) to its end yields, from the same random
-    numbers drawn in the same order, so that every generator is left as that pass leaves it: the global one
-    gives the seed of a fresh generator when the sampler has none, then ``num_samples // n`` permutations are
-    used whole and one more is always drawn for the rest (even when no index of it is used). The sampler is a
-    generator that resumes once per index (12,800 resumes an epoch in bench/loader_overhead.py, ~3% of the
-    epoch); here the order stays a tensor. Pinned to ``list(sampler)`` in tests/data/test_sampler_fast_path.py."""
-    size = len(sampler.data_source)
-    generator = sampler.generator
-    kept = generator is not None  # the sampler's own generator outlives the pass; one made here does not
-    if generator is None:
-        generator = torch.Generator()
-        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-    whole, rest = divmod(sampler.num_samples, size)
-    parts = [torch.randperm(size, generator=generator) for _ in range(whole)]
-    if rest:
-        parts.append(torch.randperm(size, generator=generator)[:rest])
-    elif kept:
-        _draw_as_randperm(size, generator)  # drawn, never used: only the generator's state after it counts
-    return _joined(parts)
+def _after_last_index(sampler: Any) -> Iterator[list[int]]:
+    """Yields nothing; reached, it does what a pass over ``sampler`` does after its last index. Torch's
+    ``RandomSampler`` draws one more permutation and uses none of it (this moves its generator: drawn only when
+    the sampler keeps one; a generator made for the pass is dropped with it); a ``SeedableRandomSampler`` moves
+    to its next epoch."""
+    if type(sampler) is SeedableRandomSampler:
+        sampler.set_epoch(sampler.epoch + 1)
+    elif type(sampler) is RandomSampler and sampler.generator is not None:
+        _draw_as_randperm(len(sampler.data_source), sampler.generator)
+    yield from ()
 
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
