@@ -59,7 +59,8 @@ def test_prepared_random_sampler_as_accelerate():
     assert checked > 300  # of 480 cases, those with batches (a short epoch with drop_last may have none)
 
 
-def _draws_per_batch(package: str, length: int, processes: int, rank: int, even: bool, drop_last: bool) -> list:
+def _draws_per_batch(package: str, length: int, processes: int, rank: int, even: bool, drop_last: bool,
+                     sampling: dict) -> list:
     """The batches of one epoch, each with the sampler generator's and the global generator's state at the
     moment the loop body gets it (a loop that draws from either between batches would see these)."""
     data_module = importlib.import_module(f"{package}.data_loader")
@@ -67,15 +68,18 @@ def _draws_per_batch(package: str, length: int, processes: int, rank: int, even:
     data = TensorDataset(torch.arange(length))
     generator = torch.Generator().manual_seed(17)
     loader = data_module.prepare_data_loader(
-        DataLoader(data, batch_size=4, sampler=RandomSampler(data, generator=generator), drop_last=drop_last),
+        DataLoader(data, batch_size=4, sampler=RandomSampler(data, generator=generator, **sampling), drop_last=drop_last),
         num_processes=processes, process_index=rank, even_batches=even)
     return [(batch[0].tolist(), generator.get_state().numpy().tobytes(), torch.random.get_rng_state().numpy().tobytes())
             for batch in loader]
 
 
-def test_random_numbers_are_drawn_between_the_same_batches_as_accelerate():
+@pytest.mark.parametrize("sampling", [{}, {"replacement": True}, {"num_samples": 29}], ids=str)
+def test_random_numbers_are_drawn_between_the_same_batches_as_accelerate(sampling):
     """Not only after the epoch: the sampler's permutation and the one it draws unused are drawn between the same
-    two batches as in Accelerate (1 to 3 processes, uneven lengths, even_batches, drop_last)."""
+    two batches as in Accelerate (1 to 3 processes, uneven lengths, even_batches, drop_last); so are the numbers
+    of a sampler that draws as its indices are read (with replacement: 32 at a time; more samples than data: a
+    permutation each pass), which takes the shard's general path."""
     from accelerate.state import AcceleratorState, GradientState
 
     try:
@@ -83,7 +87,7 @@ def test_random_numbers_are_drawn_between_the_same_batches_as_accelerate():
                                                                     [False, True]):
             for rank in range(processes):
                 case = (length, processes, rank, even, drop_last)
-                assert _draws_per_batch("overdrive", *case) == _draws_per_batch("accelerate", *case), case
+                assert _draws_per_batch("overdrive", *case, sampling) == _draws_per_batch("accelerate", *case, sampling), case
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()

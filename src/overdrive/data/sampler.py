@@ -247,15 +247,19 @@ class BatchSamplerShard(Sampler[list[int]]):
         n = self.num_processes
         first: list[list[int]] = []  # the epoch's first batches: the source of wrap-around samples
         group: list[list[int]] = []
+        size = self.batch_size
         for batch in self.batch_sampler:
+            batch = list(batch)
             if len(first) < n:
-                first.append(list(batch))
-            if len(group) == n:
+                first.append(batch)
+            group.append(batch)
+            # A round goes out as soon as it is whole and its last batch full, as Accelerate's shard yields it
+            # (reading no further: a sampler that draws as it goes draws at the same batches); only the last
+            # round can be incomplete or end short, and it waits for the data's end.
+            if len(group) == n and (size is None or len(batch) == size):
                 yield group
                 group = []
-            group.append(list(batch))
         if group:
-            # Only the last group can be incomplete, so it is held back until the data ends.
             yield from self._last_whole_round(group, first)
 
     def _last_whole_round(self, group: list[list[int]],
