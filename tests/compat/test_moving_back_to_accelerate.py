@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -40,6 +41,10 @@ def summary(accelerator, model, optimizer, scheduler, counter):
             "lr": scheduler.get_last_lr(), "last_epoch": scheduler.scheduler.last_epoch, "count": counter.count,
             "step": accelerator.step, "rand": torch.rand(3).tolist(), "py": random.random(),
             "np": float(np.random.rand())}
+def report(accelerator, *objects):  # a file per rank: under torchrun the ranks' print() writes interleave
+    row = summary(accelerator, *objects)
+    with open(os.path.join(os.environ["RESULTS"], f"rank{row['rank']}.json"), "w") as f:
+        json.dump(row, f)
 """
 
 SAVE = COMMON + """
@@ -56,7 +61,7 @@ for i, (x, y) in enumerate(loader):
     if i == 2:
         break
 accelerator.save_state(sys.argv[1], accelerate_layout=True)
-print("RESULT", json.dumps(summary(accelerator, model, optimizer, scheduler, counter)))
+report(accelerator, model, optimizer, scheduler, counter)
 """
 
 LOAD = COMMON + """
@@ -67,12 +72,16 @@ else:
 accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
 model, optimizer, scheduler, loader, counter = build(accelerator)
 accelerator.load_state(sys.argv[1])
-print("RESULT", json.dumps(summary(accelerator, model, optimizer, scheduler, counter)))
+report(accelerator, model, optimizer, scheduler, counter)
 """
 
 
 def _run(code: str, processes: int, *args: str) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    """Each rank's summary, in rank order, read from the file it wrote. A line each on the shared stdout broke
+    up: with PYTHONUNBUFFERED=1 (set on this machine and CI's) ``print`` writes its pieces one by one, and
+    rank 0's ``RESULT`` landed before rank 1's whole line (CI saw one rank; 1 run in 40 at load 4-7)."""
+    results = Path(tempfile.mkdtemp(dir=Path(args[0]).parent))
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "RESULTS": str(results)}
     for key in [k for k in env if k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "ACCELERATE_"))]:
         env.pop(key)
     launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--standalone",
@@ -82,8 +91,8 @@ def _run(code: str, processes: int, *args: str) -> list[dict]:
     proc = subprocess.run([sys.executable, *launcher, str(script), *args], capture_output=True, text=True,
                           timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(row.split(" ", 1)[1]) for row in proc.stdout.splitlines() if row.startswith("RESULT")]
-    return sorted(rows, key=lambda row: row["rank"])
+    assert sorted(os.listdir(results)) == [f"rank{rank}.json" for rank in range(processes)], proc.stdout[-3000:]
+    return [json.loads((results / f"rank{rank}.json").read_text()) for rank in range(processes)]
 
 
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)])
