@@ -6,10 +6,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from overdrive.config import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin, ParallelismConfig
+from overdrive.config._frozen import FrozenValue
 from overdrive.resolve.plan import (
     DDPSettings,
     FSDP2Settings,
@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from overdrive.resolve.plan import StrategySettings
 
 
-@dataclass(frozen=True)
-class Parallelism:
+class Parallelism(FrozenValue):
     """What the parallelism step decided: the strategy, the mesh sizes, the plugins behind them, the pipeline
     settings (with pp > 1) and the strategy that wraps each pipeline stage."""
 
@@ -36,8 +35,13 @@ class Parallelism:
     fsdp: FullyShardedDataParallelPlugin | None
     tp: TorchTensorParallelPlugin | None
     cp_comm_strategy: str
-    pipeline: PipelineConfig | None = None
-    stage_strategy: str | None = None
+    pipeline: PipelineConfig | None
+    stage_strategy: str | None
+
+    def __init__(self, strategy: str, dims: ParallelDims, uses_mesh: bool, fsdp: FullyShardedDataParallelPlugin | None,
+                 tp: TorchTensorParallelPlugin | None, cp_comm_strategy: str, pipeline: PipelineConfig | None = None,
+                 stage_strategy: str | None = None) -> None:
+        self._init(locals())
 
 
 def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParallelPlugin | None,

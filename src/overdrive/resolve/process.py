@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 
 from overdrive.config import DistributedType, InitProcessGroupKwargs
+from overdrive.config._frozen import FrozenValue
 from overdrive.launchers.protocol import launch_config
 from overdrive.runtime.cluster import ProcessInfo, detect_process_info
 from overdrive.runtime.device import backend_for, select_device
 
 
-@dataclass(frozen=True)
-class ProcessPlan:
+class ProcessPlan(FrozenValue):
     """Where this process runs: its place in the job, its device and the process-group backend."""
 
     info: ProcessInfo
     device: torch.device
     backend: str | None
-    timeout: timedelta | None = None
-    debug: bool = False
+    timeout: timedelta | None
+    debug: bool
     #: end the job with every rank's stack when no rank issued a collective for this long (None: off)
-    stall_timeout: float | None = None
+    stall_timeout: float | None
+
+    def __init__(self, info: ProcessInfo, device: torch.device, backend: str | None, timeout: timedelta | None = None,
+                 debug: bool = False, stall_timeout: float | None = None) -> None:
+        self._init(locals())
 
     @property
     def distributed_type(self) -> DistributedType:

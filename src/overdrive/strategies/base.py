@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -20,15 +19,17 @@ from torch import nn
 
 from overdrive.config import DistributedType
 from overdrive.training.accumulation import NO_CONTEXT
-from overdrive.transforms.path import ModelPath, PathContext, PathStep
+from overdrive.transforms.path import ModelPath, PathContext, PathStep, Replaced
 
 if TYPE_CHECKING:
     from overdrive.precision.amp import AmpPrecision
+    from overdrive.runtime.mesh import ParallelMesh
     from overdrive.training.accumulation import AccumulationWindow
     from overdrive.training.state import PluginSelection
+    from overdrive.transforms.hooks import HookRegistry
+    from overdrive.transforms.settings import ModelTransforms
 
 
-@dataclass(frozen=True, kw_only=True)
 class StrategyContext(PathContext):
     """The runtime objects every strategy works with: the model path's (device, mesh, precision, transforms,
     hooks, fp8_replaced), the accumulation window and the DeepSpeed plugin selection (its settings are its own
@@ -37,7 +38,13 @@ class StrategyContext(PathContext):
     window: AccumulationWindow
     #: which of the plan's named plugins the next ``prepare()`` uses (DeepSpeed's), or None: runtime state
     #: owned by the Accelerator's state, so the plan stays frozen
-    plugin_selection: PluginSelection | None = None
+    plugin_selection: PluginSelection | None
+
+    def __init__(self, *, device: torch.device, mesh: ParallelMesh, precision: AmpPrecision,
+                 transforms: ModelTransforms, hooks: HookRegistry, window: AccumulationWindow,
+                 fp8_replaced: Replaced | None = None, plugin_selection: PluginSelection | None = None) -> None:
+        fp8_replaced = {} if fp8_replaced is None else fp8_replaced
+        self._init(locals())
 
 
 class StrategyBase:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -71,27 +70,28 @@ class PreparedObjects:
         self.dataloaders.clear()
 
 
-@dataclass
 class TrainingState:
     """Everything ``save_state`` saves and ``load_state`` restores, handed over by the Accelerator.
 
     Every piece is public and ``Stateful`` or plain: the prepared objects, the accumulation window
-    (step and window counters), the run's project configuration (``iteration`` counts saves), the loss
-    scaler, and the strategy's engine checkpoint (DeepSpeed) for the objects the engine saves itself.
+    (step and window counters), the run's project configuration (``iteration`` counts saves; the run's own,
+    mutable: save_state advances it), the loss scaler, the strategy's engine checkpoint (DeepSpeed:
+    ``Strategy.engine_checkpoint``, None for most strategies) for the objects the engine saves itself, and
+    ``unwrap_model``: the user's module inside a prepared one (save hooks see the unwrapped state dicts).
     """
 
-    objects: PreparedObjects
-    window: AccumulationWindow
-    #: the run's own (mutable) project configuration: save_state advances its ``iteration``
-    project: ProjectConfiguration
-    device: torch.device
-    process_index: int = 0
-    local_process_index: int = 0
-    scaler: Any = None
-    #: ``Strategy.engine_checkpoint``: saves and loads what an engine owns (None for most strategies)
-    engine: Any = None
-    #: the user's module inside a prepared one (save hooks see the unwrapped state dicts)
-    unwrap_model: Callable[[nn.Module], nn.Module] = field(default=lambda model: model)
+    def __init__(self, *, objects: PreparedObjects, window: AccumulationWindow, project: ProjectConfiguration,
+                 device: torch.device, process_index: int = 0, local_process_index: int = 0, scaler: Any = None,
+                 engine: Any = None, unwrap_model: Callable[[nn.Module], nn.Module] = lambda model: model) -> None:
+        self.objects = objects
+        self.window = window
+        self.project = project
+        self.device = device
+        self.process_index = process_index
+        self.local_process_index = local_process_index
+        self.scaler = scaler
+        self.engine = engine
+        self.unwrap_model = unwrap_model
 
     def hook_models(self) -> list[nn.Module]:
         """The models the save / load pre-hooks receive, as Accelerate hands them (its ``_models``): the

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from overdrive.config._frozen import FrozenValue
 from overdrive.transforms.settings import ModelTransforms
 
 if TYPE_CHECKING:
@@ -121,8 +121,7 @@ def refuse_meta(model: nn.Module, remedy: str = "") -> None:
             f"first (model.to_empty(device=...) then load its weights){remedy}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class PathContext:
+class PathContext(FrozenValue):
     """The runtime objects the model path works with (``StrategyContext`` extends it)."""
 
     device: torch.device
@@ -134,7 +133,12 @@ class PathContext:
     #: where the hooks put on prepared models are filed, so unwrap_model / free_memory remove them
     hooks: HookRegistry
     #: parameters fp8 conversion replaced (``id(old) -> (weakref(old), new)``), for ``prepare_optimizer``
-    fp8_replaced: Replaced = field(default_factory=dict)
+    fp8_replaced: Replaced
+
+    def __init__(self, *, device: torch.device, mesh: ParallelMesh, precision: AmpPrecision,
+                 transforms: ModelTransforms, hooks: HookRegistry, fp8_replaced: Replaced | None = None) -> None:
+        fp8_replaced = {} if fp8_replaced is None else fp8_replaced
+        self._init(locals())
 
 
 class ModelPath:
