@@ -51,3 +51,57 @@ def _two_configs() -> tuple:
     from overdrive.config import DataLoaderConfiguration, GradientAccumulationPlugin
 
     return GradientAccumulationPlugin(num_steps=1), DataLoaderConfiguration()
+
+
+def test_every_written_out_value_takes_its_fields_as_arguments_in_order():
+    """Each FrozenValue's ``__init__`` names exactly its fields, in the order repr and equality use (a field
+    declared but not taken, or taken but not declared, would be lost or fail at construction)."""
+    import inspect
+
+    import overdrive.accelerator  # noqa: F401 - loads the modules that define the start-up's values
+    from overdrive.config._frozen import FrozenValue
+
+    def subclasses(cls: type) -> list[type]:
+        return [cls, *(sub for direct in cls.__subclasses__() for sub in subclasses(direct))]
+
+    found = {cls.__name__: cls for cls in subclasses(FrozenValue)[1:]}
+    assert {"ProcessInfo", "ParallelDims", "PrecisionPolicy", "ProcessPlan", "Parallelism", "PathContext",
+            "StrategyContext", "TrainingPlan"} <= set(found)
+    for cls in found.values():
+        taken = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+        assert sorted(taken) == sorted(cls._fields), cls
+        assert not any(name.startswith("ClassVar") for name in cls._fields)
+
+
+def test_start_up_values_keep_the_dataclass_defaults_and_refuse_assignment():
+    import torch
+
+    from overdrive.precision.policy import PrecisionPolicy
+    from overdrive.resolve.process import ProcessPlan
+    from overdrive.runtime.cluster import ProcessInfo
+    from overdrive.runtime.mesh import ParallelDims
+
+    info = ProcessInfo()
+    assert (info.rank, info.world_size, info.master_addr, info.master_port, info.source) == (
+        0, 1, "127.0.0.1", 29500, "single process") and not info.is_distributed
+    assert repr(ProcessInfo(rank=1, world_size=2)).startswith("ProcessInfo(rank=1, world_size=2, local_rank=0,")
+    dims = ParallelDims(dp_shard=2, tp=2)
+    assert dims == ParallelDims.from_sizes({"dp_shard": 2, "tp": 2}, 4) and len({dims, ParallelDims(2, 1)}) == 2
+    assert PrecisionPolicy() == PrecisionPolicy("no", None, torch.float32, torch.float32, False)
+    plan = ProcessPlan(info, torch.device("cpu"), None)
+    assert (plan.timeout, plan.debug, plan.stall_timeout) == (None, False, None)
+    for value, name in ((info, "rank"), (dims, "tp"), (PrecisionPolicy(), "name"), (plan, "backend")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, getattr(value, name))
+        assert pickle.loads(pickle.dumps(value)) == value
+
+
+def test_strategy_context_holds_the_path_fields_first_and_a_fresh_fp8_table_each():
+    from overdrive.strategies.base import StrategyContext
+    from overdrive.transforms.path import PathContext
+
+    assert StrategyContext._fields == (*PathContext._fields, "window", "plugin_selection")
+    parts = {"device": None, "mesh": None, "precision": None, "transforms": None, "hooks": None}
+    first, second = StrategyContext(**parts, window=None), StrategyContext(**parts, window=None)  # type: ignore[arg-type]
+    assert first.fp8_replaced == {} and first.fp8_replaced is not second.fp8_replaced
+    assert first.plugin_selection is None
