@@ -53,9 +53,9 @@ def _two_configs() -> tuple:
     return GradientAccumulationPlugin(num_steps=1), DataLoaderConfiguration()
 
 
-def test_every_written_out_value_takes_its_fields_as_arguments_in_order():
-    """Each FrozenValue's ``__init__`` names exactly its fields, in the order repr and equality use (a field
-    declared but not taken, or taken but not declared, would be lost or fail at construction)."""
+def test_every_written_out_value_takes_exactly_its_fields_as_arguments():
+    """Each FrozenValue's ``__init__`` names exactly its fields (a field declared but not taken fails at
+    construction; one taken but not declared is silently left out of equality, hash and repr)."""
     import inspect
 
     import overdrive.accelerator  # noqa: F401 - loads the modules that define the start-up's values
@@ -70,7 +70,6 @@ def test_every_written_out_value_takes_its_fields_as_arguments_in_order():
     for cls in found.values():
         taken = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
         assert sorted(taken) == sorted(cls._fields), cls
-        assert not any(name.startswith("ClassVar") for name in cls._fields)
 
 
 def test_start_up_values_keep_the_dataclass_defaults_and_refuse_assignment():
