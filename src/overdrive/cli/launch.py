@@ -231,13 +231,18 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     plugin_config = _plugin_config(args, config, source, problems)
     extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
     command = _command(args, problems)
-    if device is None and command.target and not command.no_python:  # a missing tracker package, refused once
+    guesses: list[str] = []
+    if device is None and command.target and not command.no_python:  # a missing tracker package, named once
         from overdrive.cli.launch_trackers import tracker_problems
 
-        problems += tracker_problems(None if command.module else command.target, command.args)
+        certain, guesses = tracker_problems(None if command.module else command.target, command.args)
+        problems += certain
     if problems:
         raise UsageError(problems)
     if device is None:
+        if not _given(args, "quiet"):
+            for line in guesses:  # read from the source, which may never run it: a warning, not a refusal
+                print(f"overdrive launch: warning: {line}", file=sys.stderr, flush=True)
         return None
 
     local = num_processes.value // num_machines.value

@@ -1,11 +1,13 @@
 """The trackers a launched script will ask for, found before any worker starts, so that a missing tracker package
-(``wandb`` and the like) is refused once by the launcher instead of by every worker after its start-up.
+(``wandb`` and the like) is named once by the launcher instead of by every worker after its start-up.
 
-Two places name them without running the script: its own arguments (``--log_with NAME``, ``--report_to NAME``,
-the flags of Accelerate's and transformers' example scripts) and literal ``log_with=`` keywords in its source
-(``Accelerator(log_with="wandb")``). A keyword inside an ``if``, a conditional expression or an exception handler
-is left out: the script may not reach it. Unknown names are left to the script, which may give them its own
-meaning; ``"all"`` starts only the installed trackers and ``"none"`` none.
+Two places name them without running the script. Its own arguments (``--log_with NAME``, ``--report_to NAME``,
+the flags of Accelerate's and transformers' example scripts) are certain: a missing package there is refused.
+A literal ``log_with=`` keyword in its source (``Accelerator(log_with="wandb")``) is a guess: the line may sit in
+a function the run never reaches (``accelerate launch`` starts such a script), so it is one warning line and
+the script starts. A keyword inside an ``if``, a conditional expression or an exception handler is not even
+that. Unknown names are left to the script, which may give them its own meaning; ``"all"`` starts only the
+installed trackers and ``"none"`` none.
 """
 
 from __future__ import annotations
@@ -19,23 +21,34 @@ _SKIPPED = {"all", "none"}
 _CONDITIONAL = (ast.If, ast.IfExp, ast.ExceptHandler, ast.Match, ast.BoolOp)
 
 
-def tracker_problems(script: str | None, script_args: Sequence[str]) -> list[str]:
-    """One line per named tracker whose package is not installed: where it was named and what to install."""
+def tracker_problems(script: str | None, script_args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(problems, warnings): one line per named tracker whose package is not installed, saying where it was
+    named and what to install; a problem when the script's arguments name it, a warning when only its source
+    does."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    seen: set[str] = set()
+    for found, into in ((_from_arguments(script_args), problems), (_from_source(script), warnings)):
+        for name, where in found:
+            missing = _missing(name.lower(), seen)
+            if missing:
+                into.append(f"the {name.lower()!r} tracker ({where}) needs the {missing!r} package, which is not "
+                            f"installed: pip install {missing}; or choose another tracker")
+    return problems, [f"{line} (the script starts: the line may not run)" for line in warnings]
+
+
+def _missing(name: str, seen: set[str]) -> str | None:
+    """The pip name of the first package tracker ``name`` lacks; None when it lacks none, when it was seen
+    before, or when it is not a tracker overdrive knows."""
     from overdrive.tracking.base import is_package_available, tracker_class, tracker_names
 
-    known = set(tracker_names())
-    problems: list[str] = []
-    seen: set[str] = set()
-    for name, where in [*_from_arguments(script_args), *_from_source(script)]:
-        name = name.lower()
-        if name in _SKIPPED or name not in known or name in seen:
-            continue
-        seen.add(name)
-        for module, pip in getattr(tracker_class(name), "required_packages", ()):
-            if not is_package_available(module):
-                problems.append(f"the {name!r} tracker ({where}) needs the {pip!r} package, which is not installed: "
-                                f"pip install {pip}; or choose another tracker")
-    return problems
+    if name in _SKIPPED or name not in tracker_names() or name in seen:
+        return None
+    seen.add(name)
+    for module, pip in getattr(tracker_class(name), "required_packages", ()):
+        if not is_package_available(module):
+            return pip
+    return None
 
 
 def _from_arguments(args: Sequence[str]) -> Iterator[tuple[str, str]]:
