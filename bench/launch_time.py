@@ -50,6 +50,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
     env["OVERDRIVE_CONFIG_FILE"] = os.path.join(tempfile.gettempdir(), "overdrive-bench-no-config.yaml")
     env["OMP_NUM_THREADS"] = "1"  # what both launchers pick for 2 processes on 2 cores; torchrun warns without it
+    env["ACCELERATE_USE_CPU"] = "true"  # torchrun's processes join as overdrive launch's do (as under Accelerate)
     names = list(COMMANDS)
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(args.rounds + 1):

@@ -152,6 +152,8 @@ def join_group(rank: int, world: int, port: int, **extra: str) -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra)
     import torch
 
+    if not torch.accelerator.is_available():  # the CPU setting joins CPU processes (as under Accelerate)
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     torch.set_num_threads(1)
 
 

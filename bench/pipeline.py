@@ -92,6 +92,8 @@ def _worker(rank: int, world: int, port: int, layout: str, args: argparse.Namesp
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
 
+    if not torch.accelerator.is_available():  # the CPU setting joins CPU processes (as under Accelerate)
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     torch.set_num_threads(1)
     clock = _BusyClock() if layout not in ("ddp", "fsdp2") else None
     accelerator = _accelerator(layout, args)

@@ -227,6 +227,7 @@ def start_worker(rank: int, world: int, port: int, cpu: bool) -> None:
     import torch
 
     if cpu:
+        os.environ["ACCELERATE_USE_CPU"] = "true"  # joins CPU processes into one run (as under Accelerate)
         torch.set_num_threads(1)
     else:
         torch.cuda.set_device(rank)

@@ -86,6 +86,8 @@ def _run(code: str, processes: int, *args: str) -> list[dict]:
         env.pop(key)
     launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--standalone",
                                           f"--nproc_per_node={processes}"]
+    if processes > 1:  # the CPU setting: without it each process would train alone, under either engine
+        env["ACCELERATE_USE_CPU"] = "true"
     script = Path(args[0]).parent / f"script_{abs(hash(code))}.py"
     script.write_text(textwrap.dedent(code))
     proc = subprocess.run([sys.executable, *launcher, str(script), *args], capture_output=True, text=True,

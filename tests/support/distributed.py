@@ -1,7 +1,9 @@
 """Run a function on N real CPU processes joined by a gloo process group.
 
 Every rank gets the caller's environment plus what torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR, MASTER_PORT on a free port), one intra-op thread, and a hard outer timeout. The function's return
+MASTER_ADDR, MASTER_PORT on a free port), on a machine without a GPU the CPU setting (ACCELERATE_USE_CPU=true,
+what ``accelerate launch --cpu`` sets: without it the processes would each train alone, as under Accelerate),
+one intra-op thread, and a hard outer timeout. The function's return
 value of each rank comes back in rank order; an exception on any rank fails the caller with that rank's
 traceback.
 
@@ -41,6 +43,8 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args:
     )
     import torch
 
+    if not torch.accelerator.is_available():  # the CPU setting joins CPU processes, as under Accelerate
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     torch.set_num_threads(1)
     try:
         # Plain pickle (bytes) rather than the queue's pickler: tensors would otherwise travel as shared

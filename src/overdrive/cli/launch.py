@@ -200,6 +200,7 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     forced_cpu = bool(_given(args, "cpu")) or (
         not _given(args, "multi_gpu") and (config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
     cpu = forced_cpu or device_type is None
+    alone = device is not None and device_type is None and not forced_cpu and _asks_multi_gpu(args, config)
     num_processes = pick("num_processes", device_count if not cpu and device_count else 1)
     given = _given(args, "num_machines")  # MIN:MAX (elastic) is overdrive's own form: not the schema's integer
     machines = Value(given, "--num_machines") if given is not None and ":" in str(given) else pick("num_machines")
@@ -254,7 +255,7 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     worker_config.update(plugin_config)
     worker_config.update(extra_config)
     worker_config.update(
-        cpu=cpu, mixed_precision=precision.value, gradient_accumulation_steps=accumulation.value,
+        cpu=cpu and not alone, mixed_precision=precision.value, gradient_accumulation_steps=accumulation.value,
         dynamo_backend=dynamo, debug=debug.value, num_processes=num_processes.value,
         num_machines=num_machines.value, machine_rank=machine_rank.value, main_process_ip=ip.value,
         main_process_port=port.value, rdzv_backend=rdzv.value, same_network=same_network.value,
@@ -279,7 +280,21 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
         cpu_reason = " (--cpu)"
     else:
         cpu_reason = " (the config file asks for the CPU)" if forced_cpu else ""
-    return plan, command, _summary(plan, cpu, cpu_reason, device_type, source)
+    summary = _summary(plan, cpu, cpu_reason, device_type, source)
+    if alone and plan.num_processes > 1:
+        summary = (f"overdrive launch: starting {plan.processes_per_machine} processes on the CPU, each training alone "
+                   "(world size 1): multi-GPU was asked for on a machine with no GPU, and accelerate launch does the "
+                   "same; add --cpu to train them as one run on gloo" + (f"; config: {source.path}" if source.path else ""))
+    return plan, command, summary
+
+
+def _asks_multi_gpu(args: argparse.Namespace, config: dict[str, Any]) -> bool:
+    """Whether ``--multi_gpu`` or, with no other kind given by a flag, the config file's ``distributed_type``
+    asks for one process per GPU (Accelerate's launcher then starts its workers without the CPU setting)."""
+    if _given(args, "multi_gpu"):
+        return True
+    others = ("use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu")
+    return not any(_given(args, name) for name in others) and config.get("distributed_type") == "MULTI_GPU"
 
 
 def _machine_range(machines: Value, problems: list[str]) -> tuple[int, Value]:
@@ -359,7 +374,8 @@ def _summary(plan: LaunchPlan, cpu: bool, cpu_reason: str, device_type: str | No
              source: cf.ConfigSource) -> str:
     local = plan.processes_per_machine
     noun = "process" if local == 1 else "processes"
-    what = f"{local} CPU {noun} on gloo{cpu_reason}" if cpu else f"{local} {noun} on {device_type}"
+    backend = " on gloo" if plan.num_processes > 1 else ""  # one process joins no process group
+    what = f"{local} CPU {noun}{backend}{cpu_reason}" if cpu else f"{local} {noun} on {device_type}"
     line = f"overdrive launch: starting {what}"
     if plan.min_machines != plan.num_machines:
         line += (f" on each of {plan.min_machines} to {plan.num_machines} machines (elastic), up to "
@@ -379,4 +395,10 @@ def run(args: argparse.Namespace) -> int:
     plan, command, summary = plan_launch(args)
     if not plan.quiet:
         print(summary, file=sys.stderr, flush=True)
+        if not command.as_accelerate and not command.no_python and not command.module:
+            from overdrive.cli.launch_hints import accelerate_line
+
+            line = accelerate_line(command.target)
+            if line:
+                print(line, file=sys.stderr, flush=True)
     return launch_script(plan, command)

@@ -146,9 +146,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("as_accelerate", Bool(), "run an unmodified Accelerate script (or transformers / PEFT / TRL): 'import "
       "accelerate' gives overdrive in every worker (overdrive.install_as_accelerate)", flag=True, switch=True, group="launch"),
     # -- hardware and resources
-    S("cpu", Bool(), "train on the CPU even if there is a GPU", yaml="use_cpu", env="ACCELERATE_USE_CPU", flag=True,
+    S("cpu", Bool(), "train on the CPU even if there is a GPU; joins CPU processes into one run (without it, "
+      "processes started on a machine with no GPU each train alone, as under Accelerate)", yaml="use_cpu", env="ACCELERATE_USE_CPU", flag=True,
       switch=True, group="hardware", default=False, question="Train on the CPU only?"),
-    S("multi_gpu", Bool(), "one process per GPU (on a machine without GPUs: CPU processes)", flag=True,
+    S("multi_gpu", Bool(), "one process per GPU (on a machine without GPUs, as under accelerate launch: CPU processes that each train "
+      "alone; add --cpu to join them)", flag=True,
       switch=True, group="hardware"),
     S("gpu_ids", GpuIds(), "the GPUs of this machine to use, e.g. '0,1'", yaml=True, flag=True, group="hardware",
       default="all", question="Which devices (by id) should be used?"),

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 
 import torch
 
 from overdrive.config import DistributedType, InitProcessGroupKwargs
 from overdrive.config._frozen import FrozenValue
-from overdrive.launchers.protocol import launch_config
+from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config
 from overdrive.runtime.cluster import ProcessInfo, detect_process_info
 from overdrive.runtime.device import backend_for, select_device
+from overdrive.runtime.group import is_initialized
 
 
 class ProcessPlan(FrozenValue):
@@ -56,8 +58,9 @@ class ProcessPlan(FrozenValue):
 def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> ProcessPlan:
     """Where this process runs: its place in the job (torchrun, SLURM, MPI...), its device and backend."""
     launched = launch_config()
-    info = detect_process_info()
-    device = select_device(info.local_rank, cpu=cpu or bool(launched.get("cpu", False)))
+    cpu = cpu or bool(launched.get("cpu", False))
+    info = joined_or_alone(detect_process_info(), cpu)
+    device = select_device(info.local_rank, cpu=cpu)
     if launched.get("torch_device") and not cpu:  # ACCELERATE_TORCH_DEVICE: Accelerate's explicit device
         device = torch.device(launched["torch_device"])
     init_kwargs = init_kwargs or InitProcessGroupKwargs()
@@ -68,3 +71,19 @@ def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | Non
         timeout = timedelta(seconds=float(launched["timeout"]))
     stall = float(launched["stall_timeout"]) if launched.get("stall_timeout") else None  # --stall_timeout
     return ProcessPlan(info=info, device=device, backend=backend, timeout=timeout, debug=debug, stall_timeout=stall)
+
+
+def joined_or_alone(info: ProcessInfo, cpu: bool) -> ProcessInfo:
+    """``info``, or one process alone, as Accelerate decides it: on a machine without a GPU (or another
+    accelerator), processes started together (torchrun, mpirun, srun) form one CPU world only with the CPU
+    setting (``Accelerator(cpu=True)``, ``ACCELERATE_USE_CPU=1``, ``overdrive launch`` on such a machine);
+    without it each trains alone, world size 1 (rank 0 of them says so once). A process group the script
+    made itself is kept."""
+    if not info.is_distributed or cpu or torch.accelerator.is_available() or is_initialized():
+        return info
+    if info.rank == 0 and LAUNCH_CONFIG_VAR not in os.environ:  # overdrive launch said so in its own line
+        print(f"overdrive: warning: {info.world_size} processes were started ({info.source}) on a machine with no GPU, "
+              "without the CPU setting: as under Accelerate, each trains alone (world size 1); to train them as one "
+              "run on gloo, set ACCELERATE_USE_CPU=1, pass Accelerator(cpu=True), or start them with 'overdrive "
+              f"launch --num_processes {info.world_size}'", file=sys.stderr, flush=True)
+    return ProcessInfo(source=f"{info.source}, alone: no GPU and no CPU setting")
