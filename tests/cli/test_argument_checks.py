@@ -131,3 +131,18 @@ def test_trackers_the_script_may_not_ask_for_are_not_refused():
         assert tracker_problems(str(script), ["--log_with", "csv", "jsonl", "--lr", "1"]) == ([], [])
     names = [name for name, _ in _from_arguments(["--log_with", "csv", "wandb", "--lr", "3", "--report_to=a,b"])]
     assert names == ["csv", "wandb", "a", "b"]
+
+
+def test_python_api_mistakes_get_the_suggestion_the_command_line_gives():
+    with pytest.raises(TypeError) as misspelled:
+        Accelerator(mixed_precison="bf16")
+    assert str(misspelled.value) == ("Accelerator() got unexpected arguments ['mixed_precison'] "
+                                     "(did you mean 'mixed_precision'?)")
+    with pytest.raises(TypeError) as two:
+        Accelerator(gradient_acumulation_steps=2, colour="red")
+    assert str(two.value).endswith(": 'colour', 'gradient_acumulation_steps' (did you mean "
+                                   "'gradient_accumulation_steps'?)"), str(two.value)
+    with pytest.raises(ValueError) as tracker:
+        Accelerator(log_with="tensorbord")
+    assert "unknown tracker 'tensorbord'; valid trackers: [" in str(tracker.value)
+    assert str(tracker.value).endswith("(did you mean 'tensorboard'?)"), str(tracker.value)

@@ -254,6 +254,8 @@ def test_failure_report_names_first_rank_signal_and_traceback(tmp_path):
     assert report.splitlines()[0].startswith("overdrive launch: rank 1 exited with code 1")
     assert "[rank1]: ValueError: boom" in report and "rank 0 also failed" in report
     assert "rank 2 was stopped (SIGTERM)" in report and code == 1
+    shown, _ = describe_failures(failures, str(tmp_path), shown=True)  # the traceback reached the terminal already
+    assert shown.splitlines()[1] == "  rank 1's stderr is above, ending in ValueError" and "boom" not in shown
     killed = {3: SimpleNamespace(local_rank=3, exitcode=-9, error_file="<N/A>", error_file_data={}, timestamp=1)}
     report, code = describe_failures(killed, str(tmp_path))
     assert "rank 3 ended by signal SIGKILL (exit code -9)" in report and code == 137

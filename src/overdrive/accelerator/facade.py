@@ -34,6 +34,7 @@ from overdrive.config import (  # GradientAccumulationPlugin: also a name of acc
     ProfileKwargs,
     ProjectConfiguration,
 )
+from overdrive.config.choices import unexpected_arguments
 from overdrive.helpers.misc import _compiled_inner, _recompiled, extract_model_from_parallel
 from overdrive.precision.amp import AmpPrecision
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
@@ -129,7 +130,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
                  deepspeed_plugins: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
                  megatron_lm_plugin: MegatronLMPlugin | None = None, **unsupported: Any) -> None:
         if unsupported:
-            raise TypeError(f"Accelerator() got unexpected arguments {sorted(unsupported)}")
+            raise TypeError(unexpected_arguments("Accelerator()", type(self).__init__, unsupported))
         handlers = split_kwargs_handlers(kwargs_handlers)
         if split_batches:  # Accelerate 1.15 accepts the argument and ignores it: so does overdrive, and says so
             warnings.warn("Accelerator(split_batches=True) is ignored (as in Accelerate 1.15): pass "

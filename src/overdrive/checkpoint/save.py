@@ -89,11 +89,7 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         lambda: (str(naming.save_target(project, output_dir)), uuid.uuid4().hex[:16]), "save_state")
     target = Path(target_name)
     if run.window.position:
-        warnings.warn(
-            f"save_state() in the middle of an accumulation window (micro-batch {run.window.position} of "
-            f"{run.window.size}): the gradients accumulated so far are not saved, so a "
-            "resumed run starts this window without them. Save after an optimizer step (when "
-            "accelerator.sync_gradients is True) for an exact resume", stacklevel=3)
+        _warn_mid_window(run.window.position, run.window.size)
 
     temporary = naming.temporary_path(target, token)
     leader, needed = False, 0
@@ -154,6 +150,24 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         raise
     project.iteration += 1
     return str(target)
+
+
+_warned_mid_window = [False]  # per process: the warning below is said once per run
+
+
+def _warn_mid_window(position: int, size: int) -> None:
+    """Say once per run, from the main process, that a save in the middle of a window loses its gradients (a
+    loop that saves every N micro-batches would otherwise repeat it at every save, on every rank)."""
+    from overdrive.runtime.group import rank
+
+    if _warned_mid_window[0] or rank() != 0:
+        return
+    _warned_mid_window[0] = True
+    warnings.warn(
+        f"save_state() in the middle of an accumulation window (micro-batch {position} of {size}): the gradients "
+        "accumulated so far are not saved, so a resumed run starts this window without them. Save after an "
+        "optimizer step (when accelerator.sync_gradients is True) for an exact resume (said once per run)",
+        stacklevel=4)
 
 
 def _can_save_alone(run: TrainingState, group: Group) -> bool:

@@ -56,6 +56,15 @@ def _target(args: argparse.Namespace) -> Path:
     return Path(args.config_file).expanduser() if getattr(args, "config_file", None) else cf.default_config_path()
 
 
+def how_launch_reads(path: Path) -> str:
+    """How ``overdrive launch`` reads the file at ``path``: by itself when it is the file launch finds without
+    ``--config_file`` (the same lookup launch makes), else with ``--config_file``."""
+    found = cf.find_config(None).path
+    if found is not None and found.resolve() == path.resolve():
+        return "'overdrive launch script.py' will use it"
+    return f"use it with 'overdrive launch --config_file {path} script.py'"
+
+
 def run_default(args: argparse.Namespace) -> int:
     """``overdrive config default``: write a config for this machine without questions (an existing file is
     kept unless ``--force``); returns the exit status."""
@@ -77,7 +86,7 @@ def run_default(args: argparse.Namespace) -> int:
     config = cf.basic_config(precision, num_processes=num_processes, cpu=True if args.cpu else None,
                              device_count=count, device_type=device_type)
     cf.save_config(config, path)
-    print(f"overdrive config: saved at {path}")
+    print(f"overdrive config: saved at {path}; {how_launch_reads(path)}")
     return 0
 
 
@@ -203,5 +212,5 @@ def run_questions(args: argparse.Namespace) -> int:
     print(f"overdrive config: a few questions for {path} (Enter keeps the [default])")
     config = questionnaire(Asker(), device_type, count)
     cf.save_config(config, path)
-    print(f"overdrive config: saved at {path}; 'overdrive launch script.py' will use it")
+    print(f"overdrive config: saved at {path}; {how_launch_reads(path)}")
     return 0

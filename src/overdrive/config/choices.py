@@ -8,7 +8,8 @@ it is answered ``'no'``, not the nearest spelling ``'fp8'``.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 #: the mixed precision names, in the order messages list them (Accelerate's)
@@ -34,3 +35,16 @@ def invalid_choice(what: str, value: Any, choices: Iterable[Any]) -> str:
     """The message for ``value`` (described by ``what``, e.g. ``mixed_precision='fp32'``) outside ``choices``."""
     choices = [str(c) for c in choices]
     return f"{what} is not valid; choose from {', '.join(choices)}{nearest(value, choices)}"
+
+
+def unexpected_arguments(what: str, function: Callable[..., Any], names: Iterable[str]) -> str:
+    """The message for keyword arguments ``names`` that ``function`` (called as ``what``) does not take, each
+    with the parameter it most likely means: ``Accelerator() got unexpected arguments ['mixed_precison']
+    (did you mean 'mixed_precision'?)``."""
+    accepted = [name for name, parameter in inspect.signature(function).parameters.items()
+                if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY) and name != "self"]
+    names = sorted(names)
+    hints = {name: nearest(name, accepted, 0.75) for name in names}
+    if len(names) == 1 or not any(hints.values()):
+        return f"{what} got unexpected arguments {names}{hints[names[0]] if len(names) == 1 else ''}"
+    return f"{what} got unexpected arguments {names}: {', '.join(f'{name!r}{hints[name]}' for name in names)}"

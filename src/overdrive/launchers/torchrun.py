@@ -241,8 +241,12 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
         return 0
     except ChildFailedError as err:
         _stop(copier)  # the workers' last stderr lines first, then the report
-        report, code = describe_failures(err.failures, log_dir, plan.max_restarts)
+        report, code = describe_failures(err.failures, log_dir, plan.max_restarts, shown=True)
         print(report, file=sys.stderr, flush=True)
+        if not command.as_accelerate and not command.no_python and any(
+                needs_accelerate(_failure_text(failure, log_dir)[1]) for failure in err.failures.values()):
+            print("overdrive launch: the script needs Accelerate, which is not installed here: add --as_accelerate "
+                  "to run it on overdrive (overdrive launch --as_accelerate ...)", file=sys.stderr, flush=True)
         return code
     except SignalException as err:
         _stop(copier)
@@ -272,6 +276,15 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
         _stop(copier)
         if not plan.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
+
+
+#: what a script that needs Accelerate says when it is not installed: Python's import error, transformers' advice
+_NO_ACCELERATE = re.compile(r"No module named 'accelerate[.']|requires `accelerate>=|requires the accelerate library")
+
+
+def needs_accelerate(text: str) -> bool:
+    """Whether a failed worker's output says that the script needs the ``accelerate`` package, not installed."""
+    return bool(_NO_ACCELERATE.search(text))
 
 
 def describe_missing_machines(plan: LaunchPlan, error: str) -> str | None:
@@ -401,6 +414,8 @@ def _stderr_file(log_dir: str, local_rank: int) -> Path | None:
 
 
 _TRACEBACK = re.compile(r"^(\[rank\d+\]:\s*)?Traceback \(most recent call last\)")
+#: the last line of a Python traceback: the exception's (dotted) class name, alone or before ": message"
+_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*)(?::\s|:?$)")
 
 
 def traceback_tail(text: str, max_lines: int = 12) -> list[str]:
@@ -446,8 +461,11 @@ def describe_exit(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
-def describe_failures(failures: Mapping[int, Any], log_dir: str, max_restarts: int = 0) -> tuple[str, int]:
-    """A short report on failed ranks, first failure first, and the exit code for the command."""
+def describe_failures(failures: Mapping[int, Any], log_dir: str, max_restarts: int = 0,
+                      shown: bool = False) -> tuple[str, int]:
+    """A short report on failed ranks, first failure first, and the exit code for the command. ``shown``: the
+    workers' stderr already reached the terminal, so the report names the failed rank's error rather than
+    printing its traceback a second time."""
     # torchelastic lists the processes it stopped itself (SIGTERM) among the failures: they come last, and
     # so does a death by SIGUSR1 (a hang report's stack request that reached a rank as it ended): consequences.
     stopped = -int(signal.SIGTERM)
@@ -464,7 +482,10 @@ def describe_failures(failures: Mapping[int, Any], log_dir: str, max_restarts: i
              "the other processes were stopped."]
     what, text = _failure_text(first, log_dir)
     tail = traceback_tail(text)
-    if tail:
+    if tail and shown:
+        error = _ERROR_LINE.match(tail[-1])
+        lines.append(f"  rank {rank}'s {what} is above" + (f", ending in {error[1]}" if error else ""))
+    elif tail:
         lines.append(f"  last lines of rank {rank}'s {what}:")
         lines += [f"    {line}" for line in tail]
     elif first.exitcode < 0:

@@ -18,6 +18,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
+from overdrive.config.choices import nearest
+
 _GATED_METHODS = ("start", "store_init_configuration", "log", "finish")
 
 
@@ -160,7 +162,8 @@ def tracker_class(name: str) -> type[GeneralTracker]:
     """The class registered as ``name``; an error listing the valid names when there is none."""
     entry = _REGISTRY.get(name)
     if entry is None:
-        raise ValueError(f"unknown tracker {name!r}; valid trackers: {tracker_names() + ['all']}. "
+        raise ValueError(f"unknown tracker {name!r}; valid trackers: {tracker_names() + ['all']}"
+                         f"{nearest(name, [*tracker_names(), 'all'])}. "
                          "Register your own with overdrive.tracking.register_tracker(name, cls) or pass "
                          "a GeneralTracker instance in log_with.")
     if isinstance(entry, str):
@@ -224,7 +227,8 @@ def _expand(log_with: Iterable[Any]) -> tuple[list[str | GeneralTracker], list[s
         elif name.lower() == "all":
             chosen.extend(n for n in available_trackers() if n not in chosen)
         elif name not in _REGISTRY:
-            problems.append(f"unknown tracker {name!r}; valid trackers: {tracker_names() + ['all']}")
+            problems.append(f"unknown tracker {name!r}; valid trackers: {tracker_names() + ['all']}"
+                            f"{nearest(name, [*tracker_names(), 'all'])}")
         elif name not in chosen:
             chosen.append(name)
     return chosen, problems
