@@ -101,6 +101,21 @@ def test_a_script_for_accelerate_without_it_installed_is_told_to_add_as_accelera
     assert "--as_accelerate" not in fixed.stderr
 
 
+@pytest.mark.requires("accelerate")
+def test_the_start_line_is_left_out_where_overdrive_runs_the_script(tmp_path):
+    from overdrive.cli.launch_hints import accelerate_line
+
+    script = tmp_path / "train.py"
+    script.write_text("from transformers import Trainer\n")
+    assert accelerate_line(str(script)) == (
+        "overdrive launch: train.py imports transformers, which runs on Accelerate, and the real Accelerate is "
+        "installed: it runs the script, not overdrive; add --as_accelerate to run it on overdrive")
+    script.write_text("import overdrive\noverdrive.install_as_accelerate()\nfrom transformers import Trainer\n")
+    assert accelerate_line(str(script)) is None  # the script installs the alias itself
+    script.write_text("import torch\n")
+    assert accelerate_line(str(script)) is None
+
+
 def test_what_a_library_says_when_accelerate_is_missing_is_recognised():
     from overdrive.launchers.torchrun import needs_accelerate
 

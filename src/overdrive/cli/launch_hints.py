@@ -17,8 +17,10 @@ ON_ACCELERATE = ("accelerate", "transformers", "trl", "setfit", "sentence_transf
 
 def accelerate_line(script: str | None) -> str | None:
     """The line to print before starting ``script`` without ``--as_accelerate``, or None."""
-    used = [name for name in ON_ACCELERATE if name in imported_modules(script)]
-    if not used or not _installed("accelerate"):
+    imported = imported_modules(script)
+    used = [name for name in ON_ACCELERATE if name in imported]
+    # a script that imports overdrive may install the alias itself (overdrive.install_as_accelerate())
+    if not used or "overdrive" in imported or not _installed("accelerate"):
         return None
     name = Path(str(script)).name
     via = "accelerate" if "accelerate" in used else f"{used[0]}, which runs on Accelerate,"

@@ -58,9 +58,9 @@ class ProcessPlan(FrozenValue):
 def resolve_process(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> ProcessPlan:
     """Where this process runs: its place in the job (torchrun, SLURM, MPI...), its device and backend."""
     launched = launch_config()
-    cpu = cpu or bool(launched.get("cpu", False))
-    info = joined_or_alone(detect_process_info(), cpu)
-    device = select_device(info.local_rank, cpu=cpu)
+    use_cpu = cpu or bool(launched.get("cpu", False))
+    info = joined_or_alone(detect_process_info(), use_cpu)
+    device = select_device(info.local_rank, cpu=use_cpu)
     if launched.get("torch_device") and not cpu:  # ACCELERATE_TORCH_DEVICE: Accelerate's explicit device
         device = torch.device(launched["torch_device"])
     init_kwargs = init_kwargs or InitProcessGroupKwargs()
