@@ -191,7 +191,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             return
         import overdrive.helpers.ops as ops
 
-        for _ in range(self.steps_after_own_end()):
+        steps = self.steps_after_own_end()
+        _warn_short_process(steps)
+        for _ in range(steps):
             for tensors, empty in calls:
                 ops.gather(empty) if tensors else ops.gather_object([])
 
@@ -356,6 +358,22 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             self._join_remaining_gathers()
         finally:
             self.gradient_state._remove_dataloader(self)
+
+
+_warned_short: list[bool] = []
+
+
+def _warn_short_process(steps: int) -> None:
+    """Once per process: its gathers of the other processes' last steps ran after its own loop had ended."""
+    if _warned_short or steps <= 0:
+        return
+    _warned_short.append(True)
+    import warnings
+
+    warnings.warn(f"even_batches=False: this process had {steps} batch(es) fewer than the longest one, so its "
+                  "loop ended first and the gather_for_metrics results of the other processes' last steps "
+                  "reached only them (on Accelerate such a loop fails: its collectives do not match); compute "
+                  "metrics on the main process, or keep even_batches=True", stacklevel=3)
 
 
 class DataLoaderShard(PreparedLoaderMixin, DataLoader):
