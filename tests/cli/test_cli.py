@@ -319,3 +319,36 @@ def test_failure_report_names_the_killed_rank_however_late_its_death_was_noticed
     report, code = describe_failures(failures, str(tmp_path))
     assert report.splitlines()[0].startswith("overdrive launch: rank 1 ended by signal SIGKILL"), report
     assert "rank 0 also failed" in report and code == 137
+
+
+def test_the_stderr_copier_stops_only_after_its_thread_however_slow_the_output(tmp_path, monkeypatch):
+    import sys
+    import threading
+    import time
+
+    from overdrive.launchers.torchrun import StderrCopier
+
+    for rank in range(4):
+        (tmp_path / "run" / "attempt_0" / str(rank)).mkdir(parents=True)
+        (tmp_path / "run" / "attempt_0" / str(rank) / "stderr.log").write_text(f"line {rank}\n")
+
+    class SlowStream:  # a terminal or pipe that a loaded machine drains slowly: 4 writes take ~5.6 s
+        def __init__(self) -> None:
+            self.parts: list[str] = []
+            self.writing = threading.Event()
+
+        def write(self, text: str) -> None:
+            self.writing.set()
+            time.sleep(1.4)
+            self.parts.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    slow = SlowStream()
+    monkeypatch.setattr(sys, "stderr", slow)
+    copier = StderrCopier(str(tmp_path), interval=0.01)
+    copier.start()
+    assert slow.writing.wait(60)  # the copier's thread is inside its copy
+    copier.stop()
+    assert slow.parts == [f"line {rank}\n" for rank in range(4)]  # all of it, in order, when stop() returns

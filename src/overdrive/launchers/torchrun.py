@@ -349,7 +349,9 @@ class StderrCopier:
         """Stop copying and wait for the thread."""
         if not self._done.is_set():
             self._done.set()
-            self._thread.join(timeout=5)
+            # no time limit: a thread still copying (slow output on a loaded machine) would race the last copy
+            # below for the same files, and lines came out late, or out of order
+            self._thread.join()
             self._copy()
             for left in self._left.values():  # what the workers left unfinished (killed while writing)
                 if left:
