@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up a virtual environment (torch 2.13.0 CPU, overdrive) and train the digits example on 2 CPU processes.
+# Set up a virtual environment (torch 2.13.0, the CPU build without a GPU; overdrive) and train the digits example on 2 CPU processes.
 # The set-up runs only when .venv is missing or pyproject.toml changed since (scripts/venv.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."

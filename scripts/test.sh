@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up a virtual environment (torch 2.13.0 CPU, overdrive, test tools) and run lint, the type check and the tests.
+# Set up a virtual environment (torch 2.13.0, the CPU build without a GPU; overdrive, test tools) and run lint, the type check and the tests.
 #   bash scripts/test.sh            the whole suite (what CI runs)
 #   bash scripts/test.sh --quick    everything but the tests marked slow (pytest -m "not slow")
 # Other arguments go to pytest (e.g. -x, -k NAME, a test file). The set-up runs only when .venv is missing or

@@ -48,3 +48,15 @@ def test_readme_opens_with_the_two_commands():
     for command in commands:
         assert (README.parent / command.split()[1]).exists()
     assert len(COMMANDS) >= 2
+
+
+def test_readme_is_a_short_tour():
+    # a tour of at most 250 lines (it once grew to 581, a third of it figures): what, why, install, the four
+    # lines, the commands and where to read on; the details live in docs/, every page linked from its list
+    lines = TEXT.splitlines()
+    assert len(lines) <= 250, len(lines)
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[-1] == "## Where to read on"
+    pages = sorted(path.name for path in (README.parent / "docs").glob("*.md"))
+    reading_list = TEXT.split("## Where to read on", 1)[1]
+    assert [page for page in pages if f"(docs/{page})" not in reading_list] == []

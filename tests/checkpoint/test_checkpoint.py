@@ -57,6 +57,50 @@ def test_resume_is_exact_and_skip_first_batches_agrees(tmp_path: Path) -> None:
     assert len(ref[10][1]) == BATCH
 
 
+def _recipe_run(checkpoint: Path, resume: bool, seed: int, epochs: int = 3) -> dict[str, torch.Tensor]:
+    """Accelerate's resume recipe (its examples/by_feature/checkpointing.py) with ``exact_resume``: save at
+    overall step 14 of 3 epochs of 10 batches; resumed, the starting epoch and the batches to skip come from
+    ``len(train_dataloader)`` after ``load_state``."""
+    from overdrive import DataLoaderConfiguration
+
+    GradientState._reset_state()
+    torch.manual_seed(seed)
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(exact_resume=True))
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.utils.data.TensorDataset(torch.arange(160.0).reshape(40, 4) / 160, torch.ones(40, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, loader)
+    starting_epoch, resume_step, overall_step = 0, None, 0
+    if resume:
+        accelerator.load_state(checkpoint)
+        assert len(train_dataloader) == 10  # the epoch's length, not the batches left in it
+        resume_step = 14
+        starting_epoch = resume_step // len(train_dataloader)
+        resume_step -= starting_epoch * len(train_dataloader)
+        overall_step = starting_epoch * len(train_dataloader)
+    for epoch in range(starting_epoch, epochs):
+        active = train_dataloader
+        if resume and epoch == starting_epoch and resume_step is not None:
+            active = accelerator.skip_first_batches(train_dataloader, resume_step)
+            overall_step += resume_step
+        for x, y in active:
+            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            overall_step += 1
+            if not resume and overall_step == 14:
+                accelerator.save_state(checkpoint)
+    assert overall_step == epochs * 10
+    return {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+
+
+def test_accelerates_resume_recipe_with_exact_resume(tmp_path: Path) -> None:
+    uninterrupted = _recipe_run(tmp_path / "step_14", resume=False, seed=0)
+    resumed = _recipe_run(tmp_path / "step_14", resume=True, seed=7)  # everything comes from the checkpoint
+    assert same(resumed, uninterrupted)
+
+
 def test_optimizer_without_state_and_parameters_without_state(tmp_path: Path) -> None:
     run = setup(0)
     params = [p.detach().clone() for p in run.model.parameters()]

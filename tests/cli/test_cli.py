@@ -302,3 +302,55 @@ def test_questionnaire_on_a_machine_with_gpus(monkeypatch):
     assert config["num_processes"] == 16 and config["gpu_ids"] == "0,1,2,3,4,5,6,7"
     assert config["dynamo_config"] == {"dynamo_backend": "INDUCTOR"} and config["mixed_precision"] == "fp16"
     assert cf.validate_config(config) == config
+
+
+def test_failure_report_names_the_killed_rank_however_late_its_death_was_noticed(tmp_path):
+    # rank 1 killed (SIGKILL, nothing on its stderr); rank 0's collective then lost its connection and rank 0
+    # exited on its own before torchelastic's agent, slowed by a loaded machine, noticed rank 1's death: rank 1's
+    # only time is the whole second the agent noticed it, later than rank 0's traceback. The report must not
+    # take the consequence (a lost connection) for the cause.
+    attempt = tmp_path / "run_x" / "attempt_0"
+    for rank, text in ((0, "[rank0]: RuntimeError: [pair.cc:537] Read error [127.0.0.1]:28081: Connection reset by "
+                           "peer. This is typically caused by a remote worker hanging\n"), (1, "")):
+        (attempt / str(rank)).mkdir(parents=True)
+        (attempt / str(rank) / "stderr.log").write_text(text)
+    os.utime(attempt / "0" / "stderr.log", (1e9, 2e9 + 0.3))
+    failures = {0: SimpleNamespace(local_rank=0, exitcode=1, error_file="<N/A>", error_file_data={}, timestamp=2e9 + 1),
+                1: SimpleNamespace(local_rank=1, exitcode=-9, error_file="<N/A>", error_file_data={},
+                                   timestamp=2e9 + 1)}
+    report, code = describe_failures(failures, str(tmp_path))
+    assert report.splitlines()[0].startswith("overdrive launch: rank 1 ended by signal SIGKILL"), report
+    assert "rank 0 also failed" in report and code == 137
+
+
+def test_the_stderr_copier_stops_only_after_its_thread_however_slow_the_output(tmp_path, monkeypatch):
+    import sys
+    import threading
+    import time
+
+    from overdrive.launchers.torchrun import StderrCopier
+
+    for rank in range(4):
+        (tmp_path / "run" / "attempt_0" / str(rank)).mkdir(parents=True)
+        (tmp_path / "run" / "attempt_0" / str(rank) / "stderr.log").write_text(f"line {rank}\n")
+
+    class SlowStream:  # a terminal or pipe that a loaded machine drains slowly: 4 writes take ~5.6 s
+        def __init__(self) -> None:
+            self.parts: list[str] = []
+            self.writing = threading.Event()
+
+        def write(self, text: str) -> None:
+            self.writing.set()
+            time.sleep(1.4)
+            self.parts.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    slow = SlowStream()
+    monkeypatch.setattr(sys, "stderr", slow)
+    copier = StderrCopier(str(tmp_path), interval=0.01)
+    copier.start()
+    assert slow.writing.wait(60)  # the copier's thread is inside its copy
+    copier.stop()
+    assert slow.parts == [f"line {rank}\n" for rank in range(4)]  # all of it, in order, when stop() returns

@@ -217,6 +217,7 @@ def test_three_ranks_uneven():
         assert [b[0]["ids"][1] for b in got["split_uneven"]["batches"]][-1] == ("torch.int64", [[90], [0], [10]][rank])
     shard_expected = expected_cases([("uneven", 10, 2, False, False)], 3)
     assert [r["iterable_shard"] for r in results] == [e["uneven"] for e in shard_expected]
+    # dispatched, every process gets a part of every step: even_batches=False has no effect (as in Accelerate)
     mapped = [[b[0][1] for b in r["mapped_uneven"]["batches"]] for r in results]
-    assert mapped == [[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5]]]
-    assert [r["mapped_uneven"]["len"] for r in results] == [2, 2, 1]
+    assert mapped == [[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5], [0, 1]]]
+    assert [r["mapped_uneven"]["len"] for r in results] == [2, 2, 2]

@@ -96,3 +96,21 @@ def test_unknown_dynamo_backend_is_refused_when_the_accelerator_is_built(how):
     # refused at construction (not at prepare()), naming the value and the valid choices
     with pytest.raises(ValueError, match=r"backend='nosuch'.*choose from.*inductor"):
         Accelerator(**kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_a_config_from_the_environment_that_is_not_utf8_is_named(tmp_path):
+    # given through $OVERDRIVE_CONFIG_FILE, not --config_file: every command that reads it names the file, also
+    # when the file's own name is not UTF-8 (shown with \xe9 escapes, as its bytes read)
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    for name in (b"latin.yaml", b"caf\xe9.yaml"):
+        path = tmp_path / name.decode("utf-8", "surrogateescape")
+        path.write_bytes(b"num_processes: 1\n# caf\xe9\n")
+        env = clean_env(tmp_path, OVERDRIVE_CONFIG_FILE=str(path))
+        shown = str(tmp_path / name.decode("utf-8", "backslashreplace"))
+        expected = f"config file {shown}: is not UTF-8 text (byte 0xe9 at offset 22"
+        for command in (("launch", str(script)), ("env",), ("doctor",)):
+            result = overdrive(*command, env=env, cwd=tmp_path)
+            assert expected in result.stderr + result.stdout, (command, result.stdout, result.stderr)
+            assert "Traceback" not in result.stderr and "trained" not in result.stdout, command

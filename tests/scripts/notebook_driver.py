@@ -1,6 +1,5 @@
 """Call notebook_launcher and debug_launcher as a user would from Python; print one JSON line per call."""
 
-import atexit
 import json
 import sys
 import time
@@ -9,8 +8,6 @@ sys.path.insert(0, __import__("os").path.dirname(__file__))
 
 from notebook_fns import fail_on_rank_one, train  # noqa: E402
 from overdrive.launchers import LaunchError, debug_launcher, notebook_launcher  # noqa: E402
-
-atexit.register(time.sleep, 0.1)  # see train_ddp.py
 
 if __name__ == "__main__":
     port = sys.argv[1]

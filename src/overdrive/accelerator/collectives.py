@@ -54,6 +54,8 @@ class CollectiveVerbs:
             # ones' remaining gathers once its loop ends (the loader replays this call with no data).
             loader.note_final_gather(input_data, all_tensors and not use_gather_object)
             return data
+        if state.end_of_dataloader and state.remainder == -1 and loader is not None:
+            _warn_padded_stream(loader)
         if not (state.end_of_dataloader and state.remainder > 0):
             return data
         if all_tensors and not use_gather_object:
@@ -108,6 +110,26 @@ def _all_tensors(data: Any) -> bool:
     leaves: list[Any] = []
     ops.recursively_apply(leaves.append, data, test_type=lambda x: True)
     return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
+
+
+_warned_padded_stream: list[bool] = []
+
+
+def _warn_padded_stream(loader: Any) -> None:
+    """Once per run, on the main process: data of unknown length, with its last batch padded (several
+    processes, ``drop_last=False``), gives ``gather_for_metrics`` no count of the repeated samples, so they stay
+    in its result, as in Accelerate."""
+    from overdrive.runtime import group
+
+    if _warned_padded_stream or getattr(loader, "_drop_last", True) or group.world_size() <= 1:
+        return
+    _warned_padded_stream.append(True)
+    if group.rank() == 0:
+        import warnings
+
+        warnings.warn("gather_for_metrics: the data has no length, so the samples repeated to fill the last "
+                      "batch of each process (if any) cannot be dropped and stay in the result, as in Accelerate; "
+                      "drop them yourself, give the dataset a __len__, or use dispatch_batches=True", stacklevel=3)
 
 
 def _own_share(mesh: ParallelMesh, data: Any) -> Any:

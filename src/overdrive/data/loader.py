@@ -121,6 +121,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._epoch_set = False  # the next iteration uses _epoch as it is (set_epoch or a restored state)
         self._iterated = False
         self._skip_next = 0  # batches of the next iteration to skip (resume / skip_first_batches)
+        # skip_first_batches shortens len() as Accelerate's skipping loader does; a position restored by
+        # load_state does not, so Accelerate's resume recipe (starting epoch = step // len) still holds
+        self._skip_in_len = True
         self.batches_yielded = 0  # the position in the epoch (skipped batches count)
         self.end_of_dataloader = False
 
@@ -188,7 +191,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             return
         import overdrive.helpers.ops as ops
 
-        for _ in range(self.steps_after_own_end()):
+        steps = self.steps_after_own_end()
+        _warn_short_process(steps)
+        for _ in range(steps):
             for tensors, empty in calls:
                 ops.gather(empty) if tensors else ops.gather_object([])
 
@@ -252,7 +257,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         return {"seed": self._seedable.seed if self._seedable is not None else None, "epoch": self._epoch,
                 "batches_yielded": self.batches_yielded, "epoch_set": self._epoch_set,
                 "iterated": self._iterated, "end_of_dataloader": self.end_of_dataloader,
-                "skip": self._skip_next}
+                "skip": self._skip_next, "skip_in_len": self._skip_in_len}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a ``state_dict``: the next iteration continues the saved epoch after its last handed-out
@@ -263,24 +268,27 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._iterated = bool(state_dict.get("iterated", True))
         self.batches_yielded = int(state_dict["batches_yielded"])
         self.end_of_dataloader = bool(state_dict.get("end_of_dataloader", False))
+        self._skip_in_len = True
         if state_dict.get("epoch_set", False) or not self._iterated:
             self._epoch_set = bool(state_dict.get("epoch_set", False))
             self._skip_next = int(state_dict.get("skip", 0))
+            self._skip_in_len = bool(state_dict.get("skip_in_len", True))
         elif not self.end_of_dataloader:  # saved mid-epoch: continue that epoch where it stopped
-            self._epoch_set, self._skip_next = True, self.batches_yielded
+            self._epoch_set, self._skip_next, self._skip_in_len = True, self.batches_yielded, False
         else:  # the saved epoch was finished: the next iteration starts the next one
             self._epoch_set, self._skip_next = False, 0
 
     def _remaining(self, full: int) -> int:
-        """``len()``: the batches the next iteration yields (fewer after ``skip_first_batches``, as in
-        Accelerate, whose skipping loader's length is what remains)."""
-        return max(full - self._skip_next, 0)
+        """``len()``: the batches the next iteration yields after ``skip_first_batches`` (as in Accelerate,
+        whose skipping loader's length is what remains); the epoch's length after ``load_state``."""
+        return max(full - self._skip_next, 0) if self._skip_in_len else full
 
     def skip_first(self, num_batches: int) -> None:
         """Skip the first ``num_batches`` batches of the next iteration's epoch (once)."""
         if num_batches < 0:
             raise ValueError(f"num_batches={num_batches} must be >= 0")
         self._skip_next = int(num_batches)
+        self._skip_in_len = True
 
     # -- iteration -----------------------------------------------------------------------------
     def _get_iterator(self) -> Any:
@@ -350,6 +358,22 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             self._join_remaining_gathers()
         finally:
             self.gradient_state._remove_dataloader(self)
+
+
+_warned_short: list[bool] = []
+
+
+def _warn_short_process(steps: int) -> None:
+    """Once per process: its gathers of the other processes' last steps ran after its own loop had ended."""
+    if _warned_short or steps <= 0:
+        return
+    _warned_short.append(True)
+    import warnings
+
+    warnings.warn(f"even_batches=False: this process had {steps} batch(es) fewer than the longest one, so its "
+                  "loop ended first and the gather_for_metrics results of the other processes' last steps "
+                  "reached only them (on Accelerate such a loop fails: its collectives do not match); compute "
+                  "metrics on the main process, or keep even_batches=True", stacklevel=3)
 
 
 class DataLoaderShard(PreparedLoaderMixin, DataLoader):

@@ -147,8 +147,8 @@ def prepare_data_loader(
     seedable = use_seedable_sampler or exact_resume
     if seedable:  # an order of (seed, epoch), which a resume can recompute
         batch_sampler = seedable_batch_sampler(batch_sampler, data_seed)
-    if dispatch:
-        rounds = BatchSamplerShard(batch_sampler, num_processes, 0, split_batches, even_batches)
+    if dispatch:  # every process gets a part of every step: even_batches=False has no effect (as in Accelerate)
+        rounds = BatchSamplerShard(batch_sampler, num_processes, 0, split_batches, even_batches=True)
         return dispatcher(dataset, batch_sampler=DispatchBatchSampler(rounds), **dispatch_args, **common)
     shard_sampler = BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
     generator = None if seedable else accelerate_shuffling(batch_sampler, num_processes)

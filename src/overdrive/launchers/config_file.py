@@ -34,11 +34,17 @@ class ConfigError(ValueError):
     def __init__(self, path: str | os.PathLike | None, problems: list[str]) -> None:
         self.path = str(path) if path is not None else None
         self.problems = problems
-        where = f"config file {self.path}" if self.path else "config"
+        where = f"config file {shown_path(self.path)}" if self.path else "config"
         if len(problems) == 1:
             super().__init__(f"{where}: {problems[0]}")
         else:
             super().__init__(f"{where} has {len(problems)} problems:\n  - " + "\n  - ".join(problems))
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as its bytes read: a name that is not UTF-8 shows its bytes as ``\\xe9`` escapes, not as
+    Python's internal surrogates (``\\udce9``) nor as replacement characters."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 # -- checking a mapping against the launch-settings schema (config/launch_settings.py) ----------------------
@@ -270,7 +276,7 @@ class ConfigSource:
 
     def describe(self) -> str:
         """Where the config came from, for messages."""
-        return f"{self.path} ({self.reason})" if self.path else self.reason
+        return f"{shown_path(self.path)} ({self.reason})" if self.path else self.reason
 
 
 def find_config(explicit: str | os.PathLike | None = None) -> ConfigSource:

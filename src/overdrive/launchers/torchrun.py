@@ -362,7 +362,9 @@ class StderrCopier:
         """Stop copying and wait for the thread."""
         if not self._done.is_set():
             self._done.set()
-            self._thread.join(timeout=5)
+            # no time limit: a thread still copying (slow output on a loaded machine) would race the last copy
+            # below for the same files, and lines came out late, or out of order
+            self._thread.join()
             self._copy()
             for left in self._left.values():  # what the workers left unfinished (killed while writing)
                 if left:
@@ -439,6 +441,14 @@ def _failure_text(failure: Any, log_dir: str) -> tuple[str, str]:
     return "stderr", relay.stderr_text(path.read_bytes()) if path else ""
 
 
+def _lost_a_peer(text: str) -> bool:
+    """Whether a rank's last traceback says a collective lost its connection to another rank."""
+    from overdrive.runtime.watchdog import PEER_LOSS
+
+    tail = "\n".join(traceback_tail(text, max_lines=40)).lower()
+    return any(marker in tail for marker in PEER_LOSS)
+
+
 def _failure_time(failure: Any, log_dir: str) -> float:
     # Without an error file torchelastic stamps every failure with the time it noticed; the stderr file's
     # last write is when that rank actually died, which tells the first failure from its consequences.
@@ -468,10 +478,18 @@ def describe_failures(failures: Mapping[int, Any], log_dir: str, max_restarts: i
     printing its traceback a second time."""
     # torchelastic lists the processes it stopped itself (SIGTERM) among the failures: they come last, and
     # so does a death by SIGUSR1 (a hang report's stack request that reached a rank as it ended): consequences.
+    # So does a rank whose collective lost its connection to another rank: its error is the other's death. Times
+    # alone cannot tell: a death nobody wrote down is stamped with the whole second the agent noticed it, which
+    # on a loaded machine comes after the consequence's traceback.
     stopped = -int(signal.SIGTERM)
     consequence = (stopped, -int(getattr(signal, "SIGUSR1", 10)))
-    ordered = sorted(failures.items(),
-                     key=lambda item: (item[1].exitcode in consequence, _failure_time(item[1], log_dir), item[0]))
+
+    def order(item: tuple[int, Any]) -> tuple[bool, bool, float, int]:
+        rank, failure = item
+        lost_a_peer = failure.exitcode >= 0 and _lost_a_peer(_failure_text(failure, log_dir)[1])
+        return failure.exitcode in consequence, lost_a_peer, _failure_time(failure, log_dir), rank
+
+    ordered = sorted(failures.items(), key=order)
     rank, first = ordered[0]
     restarts = f" after {max_restarts} restart{'s' if max_restarts != 1 else ''}" if max_restarts else ""
     hang = find_hang_report(log_dir)

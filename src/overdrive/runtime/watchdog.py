@@ -106,14 +106,15 @@ def is_timeout(error: BaseException | None) -> bool:
     return False
 
 
-_PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+#: what a collective's error says when another rank's process ended (read by the launcher's report too)
+PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe")
 
 
 def is_peer_loss(error: BaseException | None) -> bool:
     """Whether ``error`` says a collective lost its connection to another rank (that rank's process ended)."""
     seen = 0
     while error is not None and seen < 10:
-        if isinstance(error, (dist.DistError, RuntimeError)) and any(p in str(error).lower() for p in _PEER_LOSS):
+        if isinstance(error, (dist.DistError, RuntimeError)) and any(p in str(error).lower() for p in PEER_LOSS):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
