@@ -33,6 +33,7 @@ __all__ = ["install_served_paths", "served_paths", "SERVED_ROOTS"]
 #: this against the table)
 SERVED_ROOTS = frozenset({"utils", "hooks", "big_modeling", "inference", "data_loader", "checkpointing",
                           "parallelism_config", "commands", "test_utils", "local_sgd", "logging", "state",
+                          "memory_utils",
                           "optimizer", "scheduler"})
 
 

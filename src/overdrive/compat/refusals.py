@@ -16,7 +16,28 @@ _TE = ("Transformer Engine fp8 needs an NVIDIA GPU and is not wired in overdrive
 _FSDP2 = ("overdrive applies FSDP2 itself in accelerator.prepare()",
           "pass FullyShardedDataParallelPlugin(...) to Accelerator and call prepare()")
 
+_XLA = ("it runs on TPUs through torch_xla, which overdrive does not drive", "train on CPU or GPU processes")
+_SAGEMAKER = ("SageMaker launches are not supported", "use 'overdrive launch' on the machines")
+_MEGATRON_GPU = ("Megatron-LM's training loop (its engine, wrappers and model parsers) runs on NVIDIA GPUs only and "
+                 "overdrive does not drive it", _MEGATRON[1])
+_BNB = ("bitsandbytes' 8-bit / 4-bit layers need a GPU and are not driven by overdrive",
+        "quantise with transformers' BitsAndBytesConfig when loading the model")
+
 REFUSALS: dict[str, tuple[str, str, str]] = {
+    # hardware overdrive does not drive: TPUs (torch_xla), SageMaker, Megatron-LM's GPU loop, bitsandbytes
+    "MpDeviceLoaderWrapper": ("class", *_XLA),
+    "tpu_launcher": ("function", *_XLA), "tpu_pod_launcher": ("function", *_XLA),
+    "sagemaker_launcher": ("function", *_SAGEMAKER), "get_sagemaker_input": ("function", *_SAGEMAKER),
+    **dict.fromkeys(("MegatronEngine", "MegatronLMOptimizerWrapper", "MegatronLMSchedulerWrapper"),
+                    ("class", *_MEGATRON_GPU)),
+    **dict.fromkeys(("megatron_lm_initialize", "megatron_lm_prepare_data_loader",
+                     "megatron_lm_prepare_model_optimizer_scheduler", "megatron_lm_prepare_optimizer",
+                     "megatron_lm_prepare_scheduler", "finish_mpu_init", "model_provider_func",
+                     "gather_across_data_parallel_groups", "parse_bert_config", "parse_glm4_moe_config",
+                     "parse_gpt2_config", "parse_llama_config", "parse_t5_config"), ("function", *_MEGATRON_GPU)),
+    **dict.fromkeys(("get_quantized_model_device_map", "quantize_and_offload_8bit", "replace_with_bnb_layers"),
+                    ("function", *_BNB)),
+    "fsdp2_prepare_auto_wrap_policy": ("function", *_FSDP2),
     # launch helpers of Accelerate's own launcher
     "PrepareForLaunch": ("class", *_LAUNCH),
     "prepare_deepspeed_cmd_env": ("function", *_LAUNCH),
