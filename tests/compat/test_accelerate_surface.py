@@ -98,3 +98,131 @@ def test_names_new_in_1_16_behave_as_the_real_release():
     assert ours == real
     assert real["chunks"] == [8192, 64] and real["distributed"]["cuda"] == "nccl"
     assert ours["same_functions"] == [True] * 4
+
+
+_REMOVED = r"""
+import importlib, json, sys, warnings
+warnings.simplefilter("always")
+side = sys.argv[1]
+if side == "alias":
+    import overdrive
+    overdrive.install_as_accelerate()
+import accelerate
+CHECKS = [("accelerate", "prepare_pippy"), ("accelerate.inference", "prepare_pippy"),
+          ("accelerate.inference", "find_pippy_batch_size"), ("accelerate.utils", "FP8RecipeKwargs"),
+          ("accelerate.utils.dataclasses", "MSAMPRecipeKwargs"), ("accelerate.utils.imports", "is_msamp_available"),
+          ("accelerate.utils", "is_pippy_available"), ("accelerate.utils.constants", "FSDP_PYTORCH_VERSION")]
+out = {}
+for module_name, name in CHECKS:
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            value = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError) as exc:
+            out[f"{module_name}.{name}"] = type(exc).__name__
+            continue
+    out[f"{module_name}.{name}"] = [str(w.message) for w in caught if w.category is DeprecationWarning]
+if side == "alias":
+    from accelerate.utils import FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+    recipe = FP8RecipeKwargs(backend="TE", fp8_format="E4M3")
+    out["te"] = [type(recipe) is TERecipeKwargs, recipe.fp8_format]
+    out["msamp"] = MSAMPRecipeKwargs().opt_level
+    with warnings.catch_warnings(record=True) as caught:
+        own = overdrive.prepare_pippy  # overdrive's own pipeline inference: no warning
+    out["own_warnings"] = len(caught)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.requires("accelerate")
+def test_names_removed_in_1_16_keep_working_under_the_alias_with_a_deprecation_warning():
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    runs = {}
+    for side in ("real", "alias"):
+        proc = subprocess.run([sys.executable, "-c", _REMOVED, side], capture_output=True, text=True, timeout=300,
+                              env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    real, ours = runs["real"], runs["alias"]
+    checked = [key for key in real if "." in key]
+    assert all(real[key] in ("ModuleNotFoundError", "AttributeError") for key in checked), real  # gone in 1.16.0
+    for key in checked:
+        assert isinstance(ours[key], list) and ours[key], (key, ours[key])
+        assert all(key.split(".")[-1] in message and "removed in Accelerate 1.16.0" in message for message in ours[key])
+    assert ours["te"] == [True, "E4M3"] and ours["msamp"] == "O2" and ours["own_warnings"] == 0
+
+
+_INTERNALS = r"""
+import json, os, sys, tempfile, warnings
+import torch
+side = sys.argv[1]
+if side == "alias":
+    import overdrive
+    overdrive.install_as_accelerate()
+from accelerate import PartialState
+from accelerate.checkpointing import load_custom_state, save_custom_state
+from accelerate.utils import DeepSpeedEngineWrapper, PrepareForLaunch, TorchTensorParallelConfig
+from accelerate.utils.fsdp_utils import (fsdp2_canonicalize_names, fsdp2_switch_optimizer_parameters,
+                                         get_fsdp2_grad_scaler)
+PartialState()  # Accelerate's checkpoint helpers log through its process-aware logger, which needs it
+out = {}
+names = {"_orig_mod.block._checkpoint_wrapped_module.weight": 1, "a._orig_mod.b": 2, "plain.bias": 3}
+out["names"] = fsdp2_canonicalize_names(names)
+folder = sys.argv[2]
+source, target = torch.nn.Linear(2, 3), torch.nn.Linear(2, 3)
+save_custom_state(source, folder, index=2)
+load_custom_state(target, folder, index=2)
+out["custom"] = [sorted(os.listdir(folder)), all(torch.equal(a, b) for a, b in
+                                                 zip(source.state_dict().values(), target.state_dict().values()))]
+model, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+fsdp2_switch_optimizer_parameters(optimizer, {p.data_ptr: q for p, q in zip(model.parameters(), other.parameters())})
+out["switched"] = all(p is q for p, q in zip(optimizer.param_groups[0]["params"], other.parameters()))
+try:
+    fsdp2_switch_optimizer_parameters(optimizer, {})
+    out["missing"] = "no error"
+except KeyError:
+    out["missing"] = "KeyError"
+scaler = get_fsdp2_grad_scaler(enabled=False)
+out["scaler"] = [type(scaler).__module__ + "." + type(scaler).__name__, scaler.is_enabled()]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    config = TorchTensorParallelConfig(enable_async_tp=True)
+out["tp"] = [config.enable_async_tp, [str(w.message) for w in caught]]
+class Engine:  # records what the wrapper asks of a DeepSpeed engine, in order
+    def __init__(self):
+        self.calls = []
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        self.calls.append(f"boundary {is_boundary}")
+    def backward(self, loss, **kwargs):
+        self.calls.append(f"backward {float(loss)} {sorted(kwargs)}")
+    def step(self):
+        self.calls.append("step")
+    def get_global_grad_norm(self):
+        return torch.tensor(2.5)
+engine = Engine()
+wrapper = DeepSpeedEngineWrapper(engine)
+wrapper.backward(torch.tensor(1.0), sync_gradients=False)
+wrapper.backward(torch.tensor(2.0), retain_graph=True)
+out["engine"] = [engine.calls, wrapper.get_global_grad_norm()]
+seen = {}
+os.environ.update(NPROC="2", NODE_RANK="1")
+PrepareForLaunch(lambda x: seen.update(x=x, **{k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "FORK_LAUNCHED")}),
+                 distributed_type="MULTI_CPU")(1, "arg")
+out["launch"] = seen
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.requires("accelerate")
+def test_accelerate_internals_scripts_call_behave_as_the_real_release(tmp_path):
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    runs = {}
+    for side in ("real", "alias"):
+        folder = tmp_path / side
+        folder.mkdir()
+        proc = subprocess.run([sys.executable, "-c", _INTERNALS, side, str(folder)], capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs["alias"] == runs["real"]
+    assert runs["real"]["custom"] == [["custom_checkpoint_2.pkl"], True] and runs["real"]["switched"]

@@ -21,11 +21,12 @@ import importlib.machinery
 import importlib.metadata as metadata
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from overdrive.compat.table import ACCELERATE_VERSION, MODULES
+from overdrive.compat.table import ACCELERATE_VERSION, MODULES, REMOVED, REMOVED_MODULES, removed_warning
 
 __all__ = ["install_as_accelerate", "uninstall_as_accelerate", "is_installed_as_accelerate", "AccelerateAliasError",
            "AccelerateModule"]
@@ -50,6 +51,9 @@ class AccelerateModule(ModuleType):
                           __package__="accelerate")
 
     def __getattr__(self, name: str) -> Any:
+        removed = REMOVED["overdrive"].get(name)
+        if removed is not None:
+            warnings.warn(removed_warning(f"accelerate.{name}", *removed), DeprecationWarning, stacklevel=2)
         return getattr(vars(self)["_target"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -132,6 +136,8 @@ class _AccelerateFinder(importlib.abc.MetaPathFinder):
                 f"No module named {fullname!r}: overdrive (installed as accelerate) has no counterpart of this "
                 "Accelerate module; the supported paths are listed in overdrive.compat.table.MODULES "
                 "and docs/accelerate_parity.md", name=fullname)
+        if fullname in REMOVED_MODULES:
+            warnings.warn(removed_warning(fullname, *REMOVED_MODULES[fullname]), DeprecationWarning, stacklevel=2)
         module = importlib.import_module(target_name)
         if fullname == "accelerate":
             module = AccelerateModule(module)

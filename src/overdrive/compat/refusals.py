@@ -39,7 +39,6 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
                     ("function", *_BNB)),
     "fsdp2_prepare_auto_wrap_policy": ("function", *_FSDP2),
     # launch helpers of Accelerate's own launcher
-    "PrepareForLaunch": ("class", *_LAUNCH),
     "prepare_deepspeed_cmd_env": ("function", *_LAUNCH),
     "prepare_sagemager_args_inputs": ("function", "SageMaker launches are not supported", _LAUNCH[1]),
     "prepare_tpu": ("function", "TPUs (torch_xla) are not supported", "train on CPU or GPU processes"),
@@ -53,25 +52,15 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
     # fp8 back ends other than torchao
     "apply_fp8_autowrap": ("function", *_TE), "contextual_fp8_autocast": ("function", *_TE),
     "convert_model": ("function", *_TE),
-    "MSAMPRecipeKwargs": ("class", "MS-AMP is not supported", "use mixed_precision='fp8' (torchao) or bf16"),
-    "FP8RecipeKwargs": ("class", "FP8RecipeKwargs is Accelerate's deprecated catch-all",
-                        "use AORecipeKwargs (torchao) with mixed_precision='fp8'"),
     # FSDP2 internals Accelerate exposes
     "fsdp2_prepare_model": ("function", *_FSDP2), "fsdp2_load_full_state_dict": ("function", *_FSDP2),
-    "fsdp2_switch_optimizer_parameters": ("function", *_FSDP2), "fsdp2_apply_ac": ("function", *_FSDP2),
-    "fsdp2_canonicalize_names": ("function", *_FSDP2), "ensure_weights_retied": ("function", *_FSDP2),
-    "get_fsdp2_grad_scaler": ("function", "an FSDP2 grad scaler is made by the Accelerator for fp16",
-                              "use Accelerator(mixed_precision='fp16') and accelerator.scaler"),
+    "fsdp2_apply_ac": ("function", *_FSDP2), "ensure_weights_retied": ("function", *_FSDP2),
     # bitsandbytes quantisation
     "load_and_quantize_model": ("function", "bitsandbytes quantisation through Accelerate is not supported",
                                 "quantise with transformers' BitsAndBytesConfig when loading the model"),
     # DeepSpeed internals
-    "DeepSpeedEngineWrapper": ("class", "overdrive drives the DeepSpeed engine itself",
-                               "call accelerator.backward(loss) and optimizer.step() on the prepared objects"),
     "map_pytorch_optim_to_deepspeed": ("function", "overdrive hands the torch optimizer to DeepSpeed as it is",
                                        "prepare a torch optimizer (or DummyOptim) with accelerator.prepare()"),
-    "TorchTensorParallelConfig": ("class", "tensor-parallel settings are ParallelismConfig fields in overdrive",
-                                  "use ParallelismConfig(tp_size=...)"),
     "copy_tensor_to_devices": ("function", "it exists for XLA devices, which overdrive does not support",
                                "use broadcast(tensor)"),
     # the two steps inside Accelerate's prepare_pippy (build the stage, run its schedule): one call here
@@ -79,7 +68,7 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
                     ("function", "overdrive builds and runs the pipeline stage inside prepare_pippy",
                      "use prepare_pippy(model, split_points=..., example_args=...) and call the model it returns")),
     # Accelerate's checkpoint internals
-    **dict.fromkeys(("save_accelerator_state", "load_accelerator_state", "save_custom_state", "load_custom_state"),
+    **dict.fromkeys(("save_accelerator_state", "load_accelerator_state"),
                     ("function", "overdrive's checkpoints are written by its own checkpoint package",
                      "use accelerator.save_state(dir) / accelerator.load_state(dir)")),
 }

@@ -66,6 +66,7 @@ _IMP = "overdrive.helpers.imports"
 _OTHER, _ENV, _K = "overdrive.compat.other", "overdrive.helpers.environment", "overdrive.compat.constants"
 _CLI, _CMD = "overdrive.compat.cli_launch", "overdrive.compat.cli_commands"
 _SURF, _MOD = "overdrive.compat.surface", "overdrive.compat.cli_modules"
+_INT = "overdrive.compat.internals"
 _IS_AVAILABLE = (
     "is_4bit_bnb_available is_8bit_bnb_available is_aim_available is_amdsmi_available is_bf16_available "
     "is_bitsandbytes_multi_backend_available is_bnb_available is_boto3_available is_clearml_available "
@@ -110,8 +111,9 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names(_OPS, "TensorInformation"),
         **_names("overdrive.compat.fsdp", "get_module_class_from_name"),
         **_names("overdrive.config.quantization", "BnbQuantizationConfig"),
-        **_names(_REF, "FP8RecipeKwargs MSAMPRecipeKwargs TorchTensorParallelConfig "
-                       "add_model_config_to_megatron_parser"),
+        **_names(_REF, "add_model_config_to_megatron_parser"),
+        **_names(_INT, "TorchTensorParallelConfig"),
+        **_names("overdrive.compat.removed", "FP8RecipeKwargs MSAMPRecipeKwargs"),
     },
     "overdrive.utils.operations": {
         **_names(_OPS, "broadcast broadcast_object_list concatenate convert_to_fp32 find_batch_size find_device "
@@ -132,15 +134,15 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names("overdrive.strategies.deepspeed.objects", "DummyOptim DummyScheduler DeepSpeedOptimizerWrapper "
                                                 "DeepSpeedSchedulerWrapper get_active_deepspeed_plugin"),
         **_names("overdrive.config.hf_deepspeed", "HfDeepSpeedConfig"),
-        **_names(_REF, "DeepSpeedEngineWrapper map_pytorch_optim_to_deepspeed"),
+        **_names(_REF, "map_pytorch_optim_to_deepspeed"), **_names(_INT, "DeepSpeedEngineWrapper"),
     },
     "overdrive.utils.fsdp_utils": {
         **_names("overdrive.compat.fsdp", "save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer "
                                           "merge_fsdp_weights get_parameters_from_modules"),
         **_names(_OTHER, "enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading"),
-        **_names(_REF, "fsdp2_prepare_model fsdp2_load_full_state_dict fsdp2_switch_optimizer_parameters "
-                       "fsdp2_apply_ac fsdp2_canonicalize_names ensure_weights_retied get_fsdp2_grad_scaler "
+        **_names(_REF, "fsdp2_prepare_model fsdp2_load_full_state_dict fsdp2_apply_ac ensure_weights_retied "
                        "fsdp2_prepare_auto_wrap_policy"),
+        **_names(_INT, "fsdp2_switch_optimizer_parameters fsdp2_canonicalize_names get_fsdp2_grad_scaler"),
         "logger": f"{_SURF}:fsdp_utils_logger",
     },
     "overdrive.utils.other": {
@@ -164,7 +166,8 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         "logger": f"{_SURF}:environment_logger",
     },
     "overdrive.utils.launch": {
-        **_names(_REF, "PrepareForLaunch prepare_deepspeed_cmd_env prepare_sagemager_args_inputs prepare_tpu"),
+        **_names(_REF, "prepare_deepspeed_cmd_env prepare_sagemager_args_inputs prepare_tpu"),
+        **_names(_INT, "PrepareForLaunch"),
         **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env _convert_nargs_to_dict"),
         **_names(_SURF, "env_var_path_add prepare_extend_env_parallelism_config setup_fp8_env"),
     },
@@ -285,7 +288,8 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.checkpointing": {
         **_names(_K, "MODEL_NAME OPTIMIZER_NAME RNG_STATE_NAME SAFE_MODEL_NAME SAFE_WEIGHTS_NAME SAMPLER_NAME "
                      "SCALER_NAME SCHEDULER_NAME WEIGHTS_NAME"),
-        **_names(_REF, "save_accelerator_state load_accelerator_state save_custom_state load_custom_state"),
+        **_names(_REF, "save_accelerator_state load_accelerator_state"),
+        **_names(_INT, "save_custom_state load_custom_state"),
         "logger": f"{_SURF}:checkpointing_logger",
     },
     "overdrive.parallelism_config": _names(_C, "ParallelismConfig"),
@@ -345,41 +349,45 @@ PENDING: dict[str, str] = {
     "prepare_pippy": "bigmodel (issue 13): big-model compat modules",
 }
 
-#: Accelerate names overdrive does not provide: name (or (overdrive module, name)) -> why
+#: Accelerate names overdrive does not provide: name (or (overdrive module, name)) -> why. Only Accelerate's own
+#: test helpers: every other public name of the followed release resolves (tests/compat/test_accelerate_surface.py)
 ABSENT: dict[str | tuple[str, str], str] = {
-    # whole modules kept to the names user scripts import
     ("overdrive.test_utils.testing", "*"): "Accelerate's own test-suite helpers; use pytest markers",
     ("overdrive.test_utils.training", "*"): "Accelerate's own test-suite helpers",
     ("overdrive.test_utils", "*"): "Accelerate's own test-suite helpers",
-    ("overdrive.utils.megatron_lm", "*"): "Megatron-LM training-loop internals (overdrive uses megatron-core)",
-    ("overdrive.utils.bnb", "*"): "bitsandbytes conversion internals (quantise with transformers)",
-    ("overdrive.utils.launch", "*"): "internals of Accelerate's launcher (overdrive launch hands off to torchrun)",
-    ("overdrive.commands.config", "*"): "Accelerate's CLI parser; use 'overdrive config'",
-    ("overdrive.commands.config.config_args", "*"): "Accelerate's config classes; overdrive reads the same YAML keys",
-    ("overdrive.commands.config.default", "*"): "Accelerate's CLI parser; use 'overdrive config default'",
-    **{(f"overdrive.commands.{name}", "*"): "internals and entry point of Accelerate's command; its parser and "
-       "command functions run the overdrive command of the same name" for name in
-       ("launch", "env", "test", "estimate", "to_fsdp2", "tpu")},
-    # single internals
-    "DataLoaderAdapter": "internal base of Accelerate's loaders; overdrive's prepared loaders are DataLoaders",
-    "test_launch": "internal check of Accelerate's launcher",
-    "move_to_device": "internal helper of Accelerate's optimizer wrapper",
-    "patch_optimizer_step": "internal: overdrive never patches optimizer.step",
-    "ThreadLocalSharedDict": "XLA-only internal of Accelerate's state",
-    "do_nothing": "internal of Accelerate's state",
     "mocked_dataloaders": "Accelerate's own test data (downloads GLUE)",
     "mocked_dataloaders_for_autoregressive_models": "Accelerate's own test data (downloads a dataset)",
-    "BaseEnum": "internal enum base", "EnumWithContains": "internal enum base",
-    "FP8BackendType": "fp8 back ends are chosen by AORecipeKwargs / mixed_precision='fp8'",
-    **dict.fromkeys(("parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config", "parse_llama_config",
-                     "parse_t5_config"), "Megatron-LM model-config parsers"),
-    "CPUInformation": "internal record of the environment helpers",
-    "get_driver_version": "nvidia-smi query; use torch.version.cuda",
-    "override_numa_affinity": "NUMA pinning is left to torchrun (--numa-binding)",
-    "fsdp2_prepare_auto_wrap_policy": "overdrive applies FSDP2 itself in accelerator.prepare()",
-    "ConvertOutputsToFp32": "internal class behind convert_outputs_to_fp32 (use the function)",
-    "chained_operation": "internal decorator of Accelerate's collectives",
-    "verify_operation": "internal decorator; overdrive's collectives check shapes before every call",
-    "gather_tensor_shape": "internal of Accelerate's collectives",
-    "is_torch_xpu_tensor": "internal XPU check",
 }
+
+# -- names Accelerate removed, kept working ------------------------------------------------------------------------
+_PIPPY = ("1.16.0", "overdrive's own pipeline inference stays: overdrive.prepare_pippy (docs/pipeline.md)")
+_FP8 = ("1.16.0", "use TERecipeKwargs or AORecipeKwargs (torchao) with mixed_precision='fp8'")
+_CHECK = ("1.16.0", "Accelerate 1.16.0 dropped it with the support it checked for")
+_FLOOR = ("1.16.0", "Accelerate 1.16.0 needs torch >= 2.6.0, above every such floor")
+_REMOVED_CONSTANTS = ("BETA_CP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_PYTORCH_VERSION DTENSOR_PYTORCH_VERSION "
+                      "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION FSDP2_PYTORCH_VERSION FSDP_PYTORCH_VERSION "
+                      "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION XPU_PROFILING_AVAILABLE_PYTORCH_VERSION").split()
+_REMOVED_CHECKS = ("is_msamp_available", "is_pippy_available", "is_weights_only_available")
+
+#: Accelerate names removed in a release, kept working at their old paths for scripts written before it; reading
+#: one warns (DeprecationWarning) naming the release and what to use: overdrive module -> name -> (release, instead).
+#: The names of ``overdrive`` itself warn only when read as ``accelerate.<name>`` (``overdrive.prepare_pippy`` is
+#: overdrive's own pipeline inference).
+REMOVED: dict[str, dict[str, tuple[str, str]]] = {
+    "overdrive": {"prepare_pippy": _PIPPY},
+    "overdrive.inference": dict.fromkeys(_INFERENCE, _PIPPY),
+    "overdrive.utils": {**dict.fromkeys(("FP8RecipeKwargs", "MSAMPRecipeKwargs"), _FP8),
+                        **dict.fromkeys(_REMOVED_CHECKS, _CHECK), **dict.fromkeys(_REMOVED_CONSTANTS, _FLOOR)},
+    "overdrive.utils.dataclasses": dict.fromkeys(("FP8RecipeKwargs", "MSAMPRecipeKwargs"), _FP8),
+    "overdrive.utils.imports": dict.fromkeys(_REMOVED_CHECKS, _CHECK),
+    "overdrive.utils.constants": dict.fromkeys(_REMOVED_CONSTANTS, _FLOOR),
+}
+#: Accelerate modules removed in a release, kept importable under the alias with a DeprecationWarning
+REMOVED_MODULES: dict[str, tuple[str, str]] = {"accelerate.inference": _PIPPY}
+
+
+def removed_warning(dotted: str, release: str, instead: str) -> str:
+    """The DeprecationWarning's text for ``dotted`` (``accelerate.utils.FP8RecipeKwargs``), removed in ``release``."""
+    return (f"{dotted} was removed in Accelerate {release}; overdrive keeps it working for scripts written for "
+            f"earlier releases: {instead}")
+
