@@ -13,8 +13,6 @@ _MEGATRON = ("overdrive drives megatron-core through MegatronLMPlugin, not Megat
              "use Accelerator(megatron_lm_plugin=MegatronLMPlugin(...)) and a plain training loop")
 _TE = ("Transformer Engine fp8 needs an NVIDIA GPU and is not wired in overdrive",
        "use mixed_precision='fp8' (torchao) or bf16")
-_FSDP2 = ("overdrive applies FSDP2 itself in accelerator.prepare()",
-          "pass FullyShardedDataParallelPlugin(...) to Accelerator and call prepare()")
 
 _XLA = ("it runs on TPUs through torch_xla, which overdrive does not drive", "train on CPU or GPU processes")
 _SAGEMAKER = ("SageMaker launches are not supported", "use 'overdrive launch' on the machines")
@@ -37,9 +35,7 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
                      "parse_gpt2_config", "parse_llama_config", "parse_t5_config"), ("function", *_MEGATRON_GPU)),
     **dict.fromkeys(("get_quantized_model_device_map", "quantize_and_offload_8bit", "replace_with_bnb_layers"),
                     ("function", *_BNB)),
-    "fsdp2_prepare_auto_wrap_policy": ("function", *_FSDP2),
     # launch helpers of Accelerate's own launcher
-    "prepare_deepspeed_cmd_env": ("function", *_LAUNCH),
     "prepare_sagemager_args_inputs": ("function", "SageMaker launches are not supported", _LAUNCH[1]),
     "prepare_tpu": ("function", "TPUs (torch_xla) are not supported", "train on CPU or GPU processes"),
     "install_xla": ("function", "TPUs (torch_xla) are not supported", "train on CPU or GPU processes"),
@@ -48,29 +44,19 @@ REFUSALS: dict[str, tuple[str, str, str]] = {
     "GPTTrainStep": ("class", *_MEGATRON), "T5TrainStep": ("class", *_MEGATRON),
     "MegatronLMDummyDataLoader": ("class", *_MEGATRON), "MegatronLMDummyScheduler": ("class", *_MEGATRON),
     "avg_losses_across_data_parallel_group": ("function", *_MEGATRON),
-    "add_model_config_to_megatron_parser": ("function", *_MEGATRON),
     # fp8 back ends other than torchao
     "apply_fp8_autowrap": ("function", *_TE), "contextual_fp8_autocast": ("function", *_TE),
     "convert_model": ("function", *_TE),
-    # FSDP2 internals Accelerate exposes
-    "fsdp2_prepare_model": ("function", *_FSDP2), "fsdp2_load_full_state_dict": ("function", *_FSDP2),
-    "fsdp2_apply_ac": ("function", *_FSDP2), "ensure_weights_retied": ("function", *_FSDP2),
     # bitsandbytes quantisation
     "load_and_quantize_model": ("function", "bitsandbytes quantisation through Accelerate is not supported",
                                 "quantise with transformers' BitsAndBytesConfig when loading the model"),
     # DeepSpeed internals
-    "map_pytorch_optim_to_deepspeed": ("function", "overdrive hands the torch optimizer to DeepSpeed as it is",
-                                       "prepare a torch optimizer (or DummyOptim) with accelerator.prepare()"),
     "copy_tensor_to_devices": ("function", "it exists for XLA devices, which overdrive does not support",
                                "use broadcast(tensor)"),
     # the two steps inside Accelerate's prepare_pippy (build the stage, run its schedule): one call here
     **dict.fromkeys(("build_pipeline", "pippy_forward"),
                     ("function", "overdrive builds and runs the pipeline stage inside prepare_pippy",
                      "use prepare_pippy(model, split_points=..., example_args=...) and call the model it returns")),
-    # Accelerate's checkpoint internals
-    **dict.fromkeys(("save_accelerator_state", "load_accelerator_state"),
-                    ("function", "overdrive's checkpoints are written by its own checkpoint package",
-                     "use accelerator.save_state(dir) / accelerator.load_state(dir)")),
 }
 
 globals().update({

@@ -5,6 +5,7 @@ each implemented over overdrive's own objects (the table in :mod:`overdrive.comp
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
@@ -41,6 +42,21 @@ AmaxComputeAlgorithm = Literal["max", "most_recent"]
 ProfilerActivity = Literal["cpu", "xpu", "mtia", "cuda", "hpu"]
 #: Megatron-LM model type -> its config parser (none registered: overdrive does not run Megatron-LM's loop)
 MODEL_CONFIGS_TO_MEGATRON_PARSERS: dict[str, Any] = {}
+
+
+def add_model_config_to_megatron_parser(model_type: str) -> Any:
+    """Decorator: register a Megatron-LM model-config parser for ``model_type`` (a transformers model type)
+    in ``MODEL_CONFIGS_TO_MEGATRON_PARSERS``; the function itself is returned unchanged in behaviour."""
+
+    def register(parser: Any) -> Any:
+        @functools.wraps(parser)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return parser(*args, **kwargs)
+
+        MODEL_CONFIGS_TO_MEGATRON_PARSERS[model_type] = wrapper
+        return wrapper
+
+    return register
 
 # -- accelerate.utils.imports / versions / other -----------------------------------------------------------------
 #: whether torch_xla may be imported (``USE_TORCH_XLA``, default true); overdrive never imports it

@@ -111,7 +111,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names(_OPS, "TensorInformation"),
         **_names("overdrive.compat.fsdp", "get_module_class_from_name"),
         **_names("overdrive.config.quantization", "BnbQuantizationConfig"),
-        **_names(_REF, "add_model_config_to_megatron_parser"),
+        **_names(_SURF, "add_model_config_to_megatron_parser"),
         **_names(_INT, "TorchTensorParallelConfig"),
         **_names("overdrive.compat.removed", "FP8RecipeKwargs MSAMPRecipeKwargs"),
     },
@@ -134,15 +134,15 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names("overdrive.strategies.deepspeed.objects", "DummyOptim DummyScheduler DeepSpeedOptimizerWrapper "
                                                 "DeepSpeedSchedulerWrapper get_active_deepspeed_plugin"),
         **_names("overdrive.config.hf_deepspeed", "HfDeepSpeedConfig"),
-        **_names(_REF, "map_pytorch_optim_to_deepspeed"), **_names(_INT, "DeepSpeedEngineWrapper"),
+        **_names(_INT, "DeepSpeedEngineWrapper map_pytorch_optim_to_deepspeed"),
     },
     "overdrive.utils.fsdp_utils": {
         **_names("overdrive.compat.fsdp", "save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer "
                                           "merge_fsdp_weights get_parameters_from_modules"),
         **_names(_OTHER, "enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading"),
-        **_names(_REF, "fsdp2_prepare_model fsdp2_load_full_state_dict fsdp2_apply_ac ensure_weights_retied "
+        **_names(_INT, "fsdp2_switch_optimizer_parameters fsdp2_canonicalize_names get_fsdp2_grad_scaler "
+                       "fsdp2_prepare_model fsdp2_load_full_state_dict fsdp2_apply_ac ensure_weights_retied "
                        "fsdp2_prepare_auto_wrap_policy"),
-        **_names(_INT, "fsdp2_switch_optimizer_parameters fsdp2_canonicalize_names get_fsdp2_grad_scaler"),
         "logger": f"{_SURF}:fsdp_utils_logger",
     },
     "overdrive.utils.other": {
@@ -166,8 +166,8 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         "logger": f"{_SURF}:environment_logger",
     },
     "overdrive.utils.launch": {
-        **_names(_REF, "prepare_deepspeed_cmd_env prepare_sagemager_args_inputs prepare_tpu"),
-        **_names(_INT, "PrepareForLaunch"),
+        **_names(_REF, "prepare_sagemager_args_inputs prepare_tpu"),
+        **_names(_INT, "PrepareForLaunch prepare_deepspeed_cmd_env"),
         **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env _convert_nargs_to_dict"),
         **_names(_SURF, "env_var_path_add prepare_extend_env_parallelism_config setup_fp8_env"),
     },
@@ -288,8 +288,7 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.checkpointing": {
         **_names(_K, "MODEL_NAME OPTIMIZER_NAME RNG_STATE_NAME SAFE_MODEL_NAME SAFE_WEIGHTS_NAME SAMPLER_NAME "
                      "SCALER_NAME SCHEDULER_NAME WEIGHTS_NAME"),
-        **_names(_REF, "save_accelerator_state load_accelerator_state"),
-        **_names(_INT, "save_custom_state load_custom_state"),
+        **_names(_INT, "save_custom_state load_custom_state save_accelerator_state load_accelerator_state"),
         "logger": f"{_SURF}:checkpointing_logger",
     },
     "overdrive.parallelism_config": _names(_C, "ParallelismConfig"),
