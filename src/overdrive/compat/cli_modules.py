@@ -191,6 +191,7 @@ class CustomArgumentParser(argparse.ArgumentParser):
         return super()._add_action(_with_dash_spellings(action))
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> CustomArgumentGroup:
+        """A group whose flags also answer to their dash spelling."""
         group = CustomArgumentGroup(self, *args, **kwargs)
         self._action_groups.append(group)
         return group
@@ -215,6 +216,7 @@ class CustomHelpFormatter(argparse.HelpFormatter):
     """Launch help that lists each flag once, by its underscore spelling, and drops empty sections."""
 
     def add_argument(self, action: argparse.Action) -> None:
+        """Format ``action`` under its underscore spellings only."""
         shown = [o for o in action.option_strings if "-" not in o[2:]]
         if shown != action.option_strings and shown:
             action = argparse.Action(shown, action.dest, nargs=action.nargs, help=action.help, metavar=action.metavar)
