@@ -14,6 +14,17 @@ from typing import Any
 from overdrive.compat.cli_commands import _sub_parser
 from overdrive.config.compile import DynamoBackend
 
+
+def __getattr__(name: str) -> Any:
+    # ``accelerate.commands.launch.psutil`` (tests patch its Popen there): imported when first read, psutil
+    # being an optional package of overdrive's
+    if name == "psutil":
+        import importlib
+
+        return importlib.import_module("psutil")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # -- the entry points: `python -m accelerate.commands.<name>` and the `accelerate` console script ------------------
 
 

@@ -316,8 +316,20 @@ NAMES: dict[str, dict[str, str]] = {
         **_names(_MOD, "CustomHelpFormatter FORMAT clean_option options_to_group simple_launcher "
                        "multi_gpu_launcher deepspeed_launcher"),
         **_names(_REF, "sagemaker_launcher tpu_launcher tpu_pod_launcher"),
-        **_names(_K, "CHILD_STDERR_CHUNK_SIZE CHILD_STDERR_TAIL_CHUNKS"),
-        "logger": f"{_SURF}:launch_logger", "main": f"{_MOD}:launch_main"},
+        **_names(_K, "CHILD_STDERR_CHUNK_SIZE CHILD_STDERR_TAIL_CHUNKS DEEPSPEED_MULTINODE_LAUNCHERS "
+                     "TORCH_DYNAMO_MODES"),
+        "logger": f"{_SURF}:launch_logger", "main": f"{_MOD}:launch_main", "psutil": f"{_MOD}:psutil",
+        # what Accelerate's launch module imports, so that scripts and tests can patch them there
+        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env"),
+        **_names(_INT, "PrepareForLaunch prepare_deepspeed_cmd_env"),
+        **_names(_REF, "prepare_sagemager_args_inputs prepare_tpu"),
+        **_names(_ENV, "check_cuda_p2p_ib_support convert_dict_to_env_variables str_to_bool get_int_from_env"),
+        **_names(_IMP, "get_distributed_backend get_torch_accelerator_backend is_bf16_available "
+                       "is_deepspeed_available is_rich_available is_sagemaker_available is_torch_xla_available"),
+        **_names("overdrive.helpers.misc", "patch_environment"),
+        **_names(_C, "DistributedType"), **_names("overdrive.compat.kinds", "ComputeEnvironment"),
+        **_names(_OTHER, "default_config_file load_config_from_file"),
+        **_names(_CMD, "SageMakerConfig"), **_names(_MOD, "DYNAMO_BACKENDS CustomArgumentParser")},
     "overdrive.commands.merge": {**_names(_MOD, "merge_command merge_command_parser"),
                                  "description": f"{_MOD}:merge_description", "main": f"{_MOD}:merge_main"},
     "overdrive.commands.utils": _names(_MOD, "CustomArgumentGroup CustomArgumentParser"),
