@@ -4,8 +4,8 @@ overdrive has it (works / refuses with a reason / pending / absent with a reason
     python scripts/accelerate_parity.py            # write the page
     python scripts/accelerate_parity.py --check    # exit 1 if the page is stale or a name is unaccounted for
 
-Needs the real Accelerate installed (pip install accelerate; it is in the test extra). Run without
-install_as_accelerate(): the script compares the two packages side by side.
+Needs the real Accelerate installed, the release overdrive follows (``ACCELERATE_API_VERSION``: it is in the
+test extra). Run without install_as_accelerate(): the script compares the two packages side by side.
 """
 
 from __future__ import annotations
@@ -90,6 +90,9 @@ def rows() -> tuple[list[str], list[str]]:
         "",
     ]
     problems: list[str] = []
+    if accelerate.__version__ != ACCELERATE_VERSION:
+        problems.append(f"the installed Accelerate is {accelerate.__version__}, overdrive follows {ACCELERATE_VERSION} "
+                        "(src/overdrive/_version.py): install the followed release to compare against it")
     counts: dict[str, int] = {}
     for module in accelerate_modules():
         if module not in MODULES:

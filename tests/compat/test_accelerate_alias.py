@@ -41,6 +41,8 @@ def test_every_table_module_is_the_overdrive_module_of_the_same_path():
                 missing.append(overdrive_path)  # a big-model module not landed yet
                 continue
             module = importlib.import_module(accelerate_path)
+            if accelerate_path == "accelerate":  # the package's view: every name is overdrive's own object
+                module = module._target
             same.append(module is importlib.import_module(overdrive_path)
                         and module.__spec__.name == SAME_MODULE.get(overdrive_path, overdrive_path))
         from accelerate.utils import DistributedType
@@ -52,7 +54,8 @@ def test_every_table_module_is_the_overdrive_module_of_the_same_path():
             "dist_name": md.distribution("accelerate").metadata["Name"],
             "top_level": md.packages_distributions().get("accelerate"),
             "same_class": DistributedType is Own and dataclasses.DistributedType is Own,
-            "is_overdrive": sys.modules["accelerate"] is overdrive,
+            "is_overdrive": sys.modules["accelerate"].Accelerator is overdrive.Accelerator
+                            and sys.modules["accelerate"].utils is overdrive.utils,
         }))
     """)
     assert out["all_same"] and out["checked"] >= 30, out
@@ -131,11 +134,11 @@ def test_uninstall_gives_back_the_real_package():
         import overdrive
         overdrive.install_as_accelerate()
         import accelerate
-        aliased = accelerate is overdrive
+        aliased = accelerate.Accelerator is overdrive.Accelerator
         overdrive.uninstall_as_accelerate()
         del accelerate
         import accelerate
-        print(json.dumps({"aliased": aliased, "real": accelerate is not overdrive
+        print(json.dumps({"aliased": aliased, "real": accelerate.Accelerator is not overdrive.Accelerator
                           and accelerate.__file__.endswith("accelerate/__init__.py"),
                           "version": md.version("accelerate"), "installed": overdrive.compat.alias.is_installed_as_accelerate()}))
     """)
@@ -183,3 +186,42 @@ def test_metadata_under_the_alias_has_the_real_release_fields():
     skip = {"Description", "Dynamic", "License-File", "Metadata-Version", "Requires-Dist"}
     assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in real.items() if k not in skip}
     assert ours["Requires-Dist"] == sorted(r for r in real["Requires-Dist"] if "extra ==" not in r)
+
+
+def test_version_identity_reads_the_followed_release_and_diffusers_hooks_register(tmp_path):
+    """diffusers' training examples register their save/load hooks only when
+    ``version.parse(accelerate.__version__) >= version.parse("0.16.0")``: under the alias the hooks must run
+    (the checkpoint gets the ``unet/`` folder the hook writes, and loading calls the load hook)."""
+    out = result_of(f"""
+        import importlib.metadata as md, json, os
+        import torch
+        from packaging import version
+        import overdrive
+        from overdrive._version import ACCELERATE_API_VERSION, __version__ as own_version
+        overdrive.install_as_accelerate()
+        import accelerate
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        model = accelerator.prepare(torch.nn.Linear(2, 2))
+        loaded = []
+        def save_model_hook(models, weights, output_dir):
+            os.makedirs(os.path.join(output_dir, "unet"))
+            torch.save(models[0].state_dict(), os.path.join(output_dir, "unet", "weights.pt"))
+        def load_model_hook(models, input_dir):
+            loaded.append(os.path.isfile(os.path.join(input_dir, "unet", "weights.pt")))
+        registered = False
+        if version.parse(accelerate.__version__) >= version.parse("0.16.0"):
+            accelerator.register_save_state_pre_hook(save_model_hook)
+            accelerator.register_load_state_pre_hook(load_model_hook)
+            registered = True
+        accelerator.save_state({str(tmp_path / "ckpt")!r})
+        accelerator.load_state({str(tmp_path / "ckpt")!r})
+        print(json.dumps({{"accelerate": accelerate.__version__, "metadata": md.version("accelerate"),
+                          "followed": ACCELERATE_API_VERSION, "overdrive": overdrive.__version__, "own": own_version,
+                          "registered": registered, "loaded": loaded,
+                          "unet": os.path.isfile({str(tmp_path / "ckpt" / "unet" / "weights.pt")!r})}}))
+    """)
+    assert out["followed"] == "1.16.0"
+    assert out["accelerate"] == out["metadata"] == out["followed"]
+    assert out["overdrive"] == out["own"] != out["followed"]
+    assert out["registered"] and out["unet"] and out["loaded"] == [True]

@@ -58,7 +58,13 @@ def test_every_table_name_imports_from_its_module():
                 owner = PENDING.get(name) or (source in BIG_MODULE_SOURCES and "bigmodel (issue 13)")
                 (pending if owner else missing).append(f"{module_name}.{name} ({owner or source})")
                 continue
-            assert value is getattr(importlib.import_module(source), name)
+            path, _, attribute = source.partition(":")  # "module:attribute" where it has another name there
+            expected = getattr(importlib.import_module(path), attribute or name)
+            if module_name == "overdrive.utils" and name == "tqdm" and "overdrive.utils.tqdm" in sys.modules:
+                # importing the submodule accelerate.utils.tqdm rebinds the name to it: a module called as tqdm
+                assert value is sys.modules["overdrive.utils.tqdm"] and value.tqdm is expected
+                continue
+            assert value is expected
     assert not missing, missing
     if pending:
         pytest.skip(f"{len(pending)} names wait for other work: {sorted(set(p.split('(')[1] for p in pending))}")

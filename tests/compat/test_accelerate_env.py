@@ -81,7 +81,7 @@ def test_launch_as_accelerate_aliases_and_exports_in_every_worker(tmp_path):
         a = Accelerator()
         # one file per rank: the two workers' stdout lines can interleave in the launcher's output
         with open(f"worker_{a.process_index}.json", "w") as f:
-            json.dump({"rank": a.process_index, "aliased": accelerate is overdrive,
+            json.dump({"rank": a.process_index, "aliased": accelerate.Accelerator is overdrive.Accelerator,
                        "variable": os.environ.get("ACCELERATE_MIXED_PRECISION"), "precision": a.mixed_precision}, f)
     """))
     result = overdrive("launch", "--num_processes", "2", "--mixed_precision", "bf16", "--as_accelerate", str(script),

@@ -15,12 +15,16 @@ from overdrive.config import (
 
 # names of accelerate.accelerator that Accelerate's tests patch; prepare_model reads them from here
 from overdrive.helpers.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
+from overdrive.helpers.logging import get_logger
 from overdrive.training.optimizer import AcceleratedOptimizer
 from overdrive.training.scheduler import AcceleratedScheduler
 from overdrive.training.state import AcceleratorState, GradientState
 
 # Accelerate's accelerate.accelerator module holds these names too (its own test scripts import
 # DataLoaderConfiguration and GradientAccumulationPlugin from it)
+#: Accelerate's module logger (``accelerate.accelerator.logger``), process-aware
+logger = get_logger("accelerate.accelerator")
+
 __all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "Accelerator", "AcceleratorState", "DataLoaderConfiguration",
            "GradientAccumulationPlugin", "GradientState", "ProfileKwargs", "ProjectConfiguration",
            "is_bitsandbytes_multi_backend_available", "is_xpu_available"]

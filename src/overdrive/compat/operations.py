@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -51,3 +52,89 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
         return torch.cat([t, last.expand(*[missing if d == dim else s for d, s in enumerate(last.shape)])], dim=dim)
 
     return ops.recursively_apply(pad, tensor)
+
+
+class ConvertOutputsToFp32:
+    """Wraps a forward function so that its float16/bfloat16 tensor outputs come back as float32 (the class
+    behind ``convert_outputs_to_fp32``); refuses pickling, as Accelerate's does."""
+
+    def __init__(self, model_forward: Callable) -> None:
+        self.model_forward = model_forward
+        functools.update_wrapper(self, model_forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return ops.convert_to_fp32(self.model_forward(*args, **kwargs))
+
+    def __getstate__(self) -> Any:
+        raise pickle.PicklingError("Cannot pickle a prepared model with automatic mixed precision: unwrap it with "
+                                   "accelerator.unwrap_model(model) before pickling it")
+
+
+#: the dtype codes gather_tensor_shape sends between processes
+TENSOR_TYPE_TO_INT = {torch.float: 1, torch.double: 2, torch.half: 3, torch.bfloat16: 4, torch.uint8: 5,
+                      torch.int8: 6, torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10}
+TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
+_MAX_SHAPE_LENGTH = 2**20
+
+
+def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """The shape of a tensor that exists on one process only (``None`` elsewhere), on every process: a tensor
+    of its sizes and its dtype code (``TENSOR_INT_TO_DTYPE``). A collective: every process calls it."""
+    from overdrive.training.state import PartialState
+
+    device = PartialState().device
+    header = torch.zeros(_MAX_SHAPE_LENGTH, dtype=torch.int, device=device)
+    if tensor is not None:
+        known = [tensor.ndim, TENSOR_TYPE_TO_INT[tensor.dtype], *tensor.shape]
+        header[: len(known)] = torch.tensor(known, dtype=torch.int, device=device)
+    header = ops.reduce(header, reduction="sum")  # only the holder contributes
+    ndim, dtype = header[:2].tolist()
+    return header[2: ndim + 2], dtype
+
+
+def is_torch_xpu_tensor(tensor: Any) -> bool:
+    """Whether ``tensor`` lives on an Intel XPU."""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+
+
+def verify_operation(function: Callable) -> Callable:
+    """Decorator for a collective over nested tensors: in a debug run (``ACCELERATE_DEBUG_MODE``) with several
+    processes, first check that the tensors are on the run's device and have the same shapes on every process,
+    raising ``DistributedOperationException`` with each process's shapes instead of hanging."""
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from overdrive.training.state import PartialState
+
+        state = PartialState()
+        if state.num_processes == 1 or not state.debug:
+            return function(*args, **kwargs)
+        operation = f"{function.__module__}.{function.__name__}"
+        tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
+        found = ops.find_device(tensor)
+        if found is not None and state.device.type != found.type:
+            raise ops.DistributedOperationException(
+                f"One or more of the tensors passed to {operation} are not on {state.device.type}, the device of "
+                f"this run: move them there before calling {operation}")
+        shapes = ops.gather_object([ops.get_shape(tensor)])
+        if shapes[0] is not None and shapes.count(shapes[0]) != len(shapes):
+            listed = "\n  - ".join(f"Process {i}: {shape}" for i, shape in enumerate(shapes))
+            raise ops.DistributedOperationException(
+                f"Cannot apply {operation}: the shapes differ between processes and must match.\n"
+                f"Operation: `{operation}`\nInput shapes:\n  - {listed}")
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def chained_operation(function: Callable) -> Callable:
+    """Decorator: a ``DistributedOperationException`` raised inside ``function`` is raised again naming it."""
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except ops.DistributedOperationException as error:
+            operation = f"{function.__module__}.{function.__name__}"
+            raise ops.DistributedOperationException(
+                f"Error found while calling `{operation}`. Please see the earlier error for more details.") from error
+
+    return wrapper

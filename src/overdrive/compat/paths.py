@@ -33,6 +33,7 @@ __all__ = ["install_served_paths", "served_paths", "SERVED_ROOTS"]
 #: this against the table)
 SERVED_ROOTS = frozenset({"utils", "hooks", "big_modeling", "inference", "data_loader", "checkpointing",
                           "parallelism_config", "commands", "test_utils", "local_sgd", "logging", "state",
+                          "memory_utils",
                           "optimizer", "scheduler"})
 
 
@@ -66,14 +67,36 @@ class _ServedLoader:
             # the import system stamped the served spec on it: the module keeps its own identity
             module.__spec__ = self.own_spec
             return
-        from overdrive.compat.table import NAMES
+        from overdrive.compat.table import NAMES, REMOVED
         from overdrive.config._lazy import lazy_exports
 
         names = NAMES[module.__name__]
         module.__doc__ = (f"``accelerate{module.__name__[len('overdrive'):]}`` under overdrive: names served from "
                           "overdrive.compat.table, each imported from its overdrive module on first use.")
         getter, _ = lazy_exports(module.__name__, names)
+        removed = REMOVED.get(module.__name__)
+        if removed:
+            getter = _warning_on(removed, module.__name__, names, getter)
         vars(module).update(__all__=sorted(names), __getattr__=getter, __dir__=lambda: sorted(names))
+
+
+def _warning_on(removed: dict[str, tuple[str, str]], module: str, names: dict[str, str],
+                getter: Any) -> Any:
+    """``getter`` (a module ``__getattr__``), but a name Accelerate removed warns at every read (never cached)."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in removed:
+            return getter(name)
+        import warnings
+
+        from overdrive.compat.table import removed_warning
+
+        dotted = f"accelerate{module[len('overdrive'):]}.{name}"
+        warnings.warn(removed_warning(dotted, *removed[name]), DeprecationWarning, stacklevel=2)
+        path, _, attribute = names[name].partition(":")
+        return getattr(importlib.import_module(path), attribute or name)
+
+    return __getattr__
 
 
 class _ServedFinder:  # the meta path finder protocol (no importlib.abc base: see _ServedLoader)

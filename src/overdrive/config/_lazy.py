@@ -8,7 +8,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-#: a table of ``name -> module path``, or a function returning one (called only when a name is looked up)
+#: a table of ``name -> module path`` (or ``"module:attribute"`` where the object has another name there), or a
+#: function returning one (called only when a name is looked up)
 Exports = Mapping[str, str] | Callable[[], Mapping[str, str]]
 
 
@@ -32,7 +33,8 @@ def lazy_exports(package: str, *tables: Exports) -> tuple[Callable[[str], Any], 
         module = lookup(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        path, _, attribute = module.partition(":")
+        value = getattr(importlib.import_module(path), attribute or name)
         setattr(sys.modules[package], name, value)
         return value
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from overdrive.config.choices import invalid_choice
-from overdrive.config.enums import _StrEnum
+from overdrive.config.enums import BaseEnum
 
 
-class DynamoBackend(_StrEnum):
+class DynamoBackend(str, BaseEnum):
     """``torch.compile`` backends by Accelerate's upper-case names (``DynamoBackend.INDUCTOR``); ``NO`` turns
     compilation off. The one list of backend names: the plugin, the launch config, ``ACCELERATE_DYNAMO_BACKEND``
     and ``overdrive launch --dynamo_backend`` all check against it."""
@@ -30,9 +30,9 @@ class DynamoBackend(_StrEnum):
     TENSORRT = "TENSORRT"
     AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
     TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
-    IPEX = "IPEX"
     TVM = "TVM"
     HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
 
 
 #: the backend names in lower case, as ``torch.compile`` and the plugin take them; "no" turns compilation off

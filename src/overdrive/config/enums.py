@@ -8,9 +8,23 @@ from typing import Any
 
 from overdrive.config.choices import invalid_choice
 
+# Each enum has the bases of Accelerate's enum of the same name, so that it prints (str, repr, format),
+# compares (==, `in`) and hashes as Accelerate's does: scripts compare and log these values.
 
-class _StrEnum(str, enum.Enum):
-    """A string enum as Accelerate's (``str()`` is the value; ``list()`` the values)."""
+
+class EnumWithContains(enum.EnumMeta):
+    """The metaclass of Accelerate's ``BaseEnum``: ``value in SomeEnum`` is true for a member's value."""
+
+    def __contains__(cls, item: object) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class BaseEnum(enum.Enum, metaclass=EnumWithContains):
+    """Accelerate's base enum: ``str(member)`` is its value, ``list()`` the values."""
 
     def __str__(self) -> str:
         return self.value
@@ -18,63 +32,66 @@ class _StrEnum(str, enum.Enum):
     @classmethod
     def list(cls) -> list[str]:
         """The values, as strings."""
-        return [member.value for member in cls]
+        return list(map(str, cls))
 
 
-class DistributedType(_StrEnum):
+class DistributedType(str, enum.Enum):
     """How a run is parallel, as Accelerate reports it. Descriptive only: nothing dispatches on it."""
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     MULTI_NPU = "MULTI_NPU"
-    MULTI_XPU = "MULTI_XPU"
     MULTI_MLU = "MULTI_MLU"
-    MULTI_MUSA = "MULTI_MUSA"
-    MULTI_HPU = "MULTI_HPU"
     MULTI_SDAA = "MULTI_SDAA"
-    MULTI_NEURON = "MULTI_NEURON"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
-class PrecisionType(_StrEnum):
+class PrecisionType(str, BaseEnum):
     NO = "no"
     FP8 = "fp8"
     FP16 = "fp16"
     BF16 = "bf16"
 
 
-class RNGType(_StrEnum):
+class RNGType(BaseEnum):
     TORCH = "torch"
     CUDA = "cuda"
-    XLA = "xla"
-    NPU = "npu"
     MLU = "mlu"
+    SDAA = "sdaa"
     MUSA = "musa"
-    HPU = "hpu"
+    NPU = "npu"
+    XLA = "xla"
     XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
     GENERATOR = "generator"
 
 
-class LoggerType(_StrEnum):
+class LoggerType(BaseEnum):
     ALL = "all"
-    JSONL = "jsonl"
-    CSV = "csv"
     AIM = "aim"
     TENSORBOARD = "tensorboard"
     WANDB = "wandb"
-    MLFLOW = "mlflow"
+    TRACKIO = "trackio"
     COMETML = "comet_ml"
+    MLFLOW = "mlflow"
     CLEARML = "clearml"
     DVCLIVE = "dvclive"
-    TRACKIO = "trackio"
     SWANLAB = "swanlab"
+    # overdrive's own trackers (after Accelerate's members, which keep Accelerate's order)
+    JSONL = "jsonl"
+    CSV = "csv"
 
 
-class DDPCommunicationHookType(_StrEnum):
+class DDPCommunicationHookType(BaseEnum):
     NO = "no"
     FP16 = "fp16"
     BF16 = "bf16"

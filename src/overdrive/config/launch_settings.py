@@ -39,7 +39,7 @@ from overdrive.config.setting_kinds import (
 )
 
 #: Accelerate's distributed types, and "TPU", which older config files hold
-DISTRIBUTED_TYPES = (*DistributedType.list(), "TPU")
+DISTRIBUTED_TYPES = (*(member.value for member in DistributedType), "TPU")
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE", "AMAZON_SAGEMAKER")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")

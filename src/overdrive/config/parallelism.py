@@ -47,11 +47,16 @@ class TorchContextParallelConfig:
 class DeepSpeedSequenceParallelConfig:
     """DeepSpeed Ulysses sequence parallelism's settings (Accelerate's ``sp_handler``), checked as Accelerate
     checks them; overdrive's ``Accelerator`` refuses ``sp_size > 1`` (use ``cp_size``). ``None`` fields read
-    ``PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE`` / ``_SP_SEQ_LENGTH`` / ``_SP_ATTN_IMPLEMENTATION``."""
+    ``PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE`` / ``_SP_SEQ_LENGTH`` / ``_SP_ATTN_IMPLEMENTATION`` /
+    ``_SP_ALLOW_RECURRENT_LAYERS`` (default false) / ``_SP_DISABLE_IN_EVAL`` (default true)."""
 
     sp_seq_length: int | None = None
     sp_seq_length_is_variable: bool | None = None
     sp_attn_implementation: str | None = None
+    #: let models with recurrent layers (which see only their own sequence shard) be split anyway
+    sp_allow_recurrent_layers: bool | None = None
+    #: run evaluation (``model.eval()``) on whole sequences, without the sequence split
+    sp_disable_in_eval: bool | None = None
 
     def __post_init__(self) -> None:
         if self.sp_seq_length_is_variable is None:
@@ -65,6 +70,11 @@ class DeepSpeedSequenceParallelConfig:
             self.sp_seq_length = None if length == "None" else int(length)
         if self.sp_attn_implementation is None:
             self.sp_attn_implementation = os.environ.get("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION")
+        if self.sp_allow_recurrent_layers is None:
+            allow = os.environ.get("PARALLELISM_CONFIG_SP_ALLOW_RECURRENT_LAYERS", "false")
+            self.sp_allow_recurrent_layers = allow.lower() == "true"
+        if self.sp_disable_in_eval is None:
+            self.sp_disable_in_eval = os.environ.get("PARALLELISM_CONFIG_SP_DISABLE_IN_EVAL", "true").lower() == "true"
         kernel = self.sp_attn_implementation
         if kernel is not None and kernel not in _SP_ATTENTION and not ("/" in kernel and "flash-attn" in kernel):
             raise ValueError(f"Invalid sp_attn_implementation: {kernel!r}. Must be one of {list(_SP_ATTENTION)} or "

@@ -256,3 +256,53 @@ def deepspeed_required(function: Callable) -> Callable:
 def torchao_required(function: Callable) -> Callable:
     """Decorator: the function raises ``ImportError`` naming the package when torchao is missing."""
     return _required(lambda: _has("torchao"), "torchao")(function)
+
+
+#: the collective back end of each accelerator type that has its own (CPU and MPS use gloo)
+TORCH_DISTRIBUTED_BACKENDS = {"cuda": "nccl", "mlu": "cncl", "sdaa": "tccl", "musa": "mccl", "npu": "hccl",
+                              "hpu": "hccl", "xpu": "xccl", "neuron": "neuron"}
+#: the variable that restricts the visible devices of each accelerator type
+DEVICE_VISIBLE_DEVICES_ENV_VARS = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK",
+                                   "mlu": "MLU_VISIBLE_DEVICES", "sdaa": "SDAA_VISIBLE_DEVICES",
+                                   "musa": "MUSA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES",
+                                   "hpu": "HABANA_VISIBLE_MODULES", "neuron": "NEURON_RT_VISIBLE_CORES"}
+# device types whose own torch module (torch.cuda, torch.xpu, ...) answers, rather than torch.accelerator
+_NATIVE_DEVICE_MODULES = ("cuda", "mps", "mlu", "sdaa", "musa", "npu", "hpu", "xpu", "neuron")
+
+
+def _current_accelerator() -> torch.device | None:
+    try:
+        return torch.accelerator.current_accelerator()
+    except RuntimeError as error:  # some torch builds raise instead of answering None on a CPU-only machine
+        if "none is available" not in str(error):
+            raise
+        return None
+
+
+def get_torch_accelerator_backend(check_available: bool = True) -> tuple[str | None, Any]:
+    """The accelerator type and the torch module that drives it (``("cuda", torch.cuda)``), or
+    ``(None, None)`` on a machine without one. ``check_available=False`` names the type torch was built for
+    without probing the device (safe before forking)."""
+    device = _current_accelerator()
+    if device is not None:
+        checks: dict[str, Callable[[], bool]] = {
+            "cuda": is_cuda_available, "mps": is_mps_available, "mlu": is_mlu_available, "sdaa": is_sdaa_available,
+            "musa": is_musa_available, "npu": is_npu_available, "hpu": is_hpu_available, "xpu": is_xpu_available,
+            "neuron": is_neuron_available}
+        if not check_available or checks.get(device.type, torch.accelerator.is_available)():
+            if device.type in _NATIVE_DEVICE_MODULES:
+                return device.type, torch.get_device_module(device.type)
+            return device.type, torch.accelerator
+    # these register themselves with torch only once their own package is imported
+    for kind, check in (("hpu", is_hpu_available), ("neuron", is_neuron_available)):
+        if check():
+            return kind, getattr(torch, kind)
+    return None, None
+
+
+def get_distributed_backend(device_type: str | None) -> str | None:
+    """The default collective back end of ``device_type`` (``"cuda"`` -> ``"nccl"``), or None when the type has
+    none of its own (CPU, MPS: gloo is used) or, for XPU, when torch lacks XCCL."""
+    if device_type == "xpu" and not is_xccl_available():
+        return None
+    return TORCH_DISTRIBUTED_BACKENDS.get(device_type) if device_type is not None else None

@@ -77,3 +77,41 @@ def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAda
     if log_level is not None:
         logger.setLevel(log_level.upper() if isinstance(log_level, str) else log_level)
     return MultiProcessAdapter(logger, {})
+
+
+# the library's loggers: Accelerate's names ("accelerate.*"), and overdrive's own modules ("overdrive.*")
+_LIBRARY_LOGGERS = ("accelerate", "overdrive")
+
+
+def get_verbosity() -> int:
+    """The effective level of the library's logger (``logging.getLogger("accelerate")``), as a number."""
+    return logging.getLogger("accelerate").getEffectiveLevel()
+
+
+def set_verbosity(verbosity: int | str) -> None:
+    """Set the level of the library's loggers (``"accelerate"`` and overdrive's own ``"overdrive"``): a number
+    such as ``logging.WARNING`` or a level name in any case (``"warning"``). Loggers given their own level
+    (``get_logger(name, log_level=...)``, ``ACCELERATE_LOG_LEVEL``) keep it; the root logger is left alone."""
+    level = verbosity.upper() if isinstance(verbosity, str) else verbosity
+    for name in _LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+def set_verbosity_debug() -> None:
+    """``set_verbosity(logging.DEBUG)``."""
+    set_verbosity(logging.DEBUG)
+
+
+def set_verbosity_info() -> None:
+    """``set_verbosity(logging.INFO)``."""
+    set_verbosity(logging.INFO)
+
+
+def set_verbosity_warning() -> None:
+    """``set_verbosity(logging.WARNING)``."""
+    set_verbosity(logging.WARNING)
+
+
+def set_verbosity_error() -> None:
+    """``set_verbosity(logging.ERROR)``."""
+    set_verbosity(logging.ERROR)

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from overdrive.helpers.imports import get_torch_accelerator_backend
+
 # RuntimeError messages that mean "this batch does not fit" (cuDNN reports some OOMs this way).
 _OOM_MESSAGES = (
     "out of memory",
@@ -17,6 +19,32 @@ _OOM_MESSAGES = (
     "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
     "DefaultCPUAllocator: can't allocate memory",
 )
+
+
+def normalize_device(device: Any) -> Any:
+    """A device index as the device it means on this machine's accelerator (``0`` -> ``"xpu:0"``; CUDA and
+    CPU indices, strings and ``torch.device`` objects unchanged; ``"npu"`` -> ``"npu:0"``, which NPUs need)."""
+    if device == "npu":
+        return "npu:0"
+    if isinstance(device, int):
+        # no availability probe: this runs under torch.compile, which a device query would break
+        device_type, _ = get_torch_accelerator_backend(check_available=False)
+        if device_type == "hpu":
+            return "hpu"
+        if device_type not in (None, "cuda"):
+            return f"{device_type}:{device}"
+    return device
+
+
+def get_accelerator_free_memory(device_module: Any, device_index: int) -> int:
+    """Free bytes on device ``device_index`` of ``device_module`` (what ``get_torch_accelerator_backend``
+    returned: ``torch.cuda``, ``torch.xpu``, ... or ``torch.accelerator``)."""
+    if device_module is torch.accelerator:
+        memory_info = getattr(torch.accelerator, "get_memory_info", None)  # torch >= 2.10
+        if memory_info is not None:
+            return int(memory_info(device_index)[0])
+        device_module = torch.get_device_module(torch.accelerator.current_accelerator())
+    return int(device_module.mem_get_info(device_index)[0])
 
 
 def clear_device_cache(garbage_collection: bool = False) -> None:

@@ -11,6 +11,7 @@ from overdrive.config._lazy import lazy_exports
 _EXPORTS = {
     "notebook_launcher": "overdrive.launchers.notebook",
     "debug_launcher": "overdrive.launchers.notebook",
+    "test_launch": "overdrive.launchers.notebook",
     "LaunchError": "overdrive.launchers.torchrun",
 }
 

@@ -155,3 +155,14 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     return _elastic_run(function, tuple(args), nproc_per_node=num_processes, num_nodes=1, rdzv_backend="c10d",
                         rdzv_endpoint="localhost:0", rdzv_configs={}, rdzv_id=str(uuid.uuid4()), max_restarts=0,
                         monitor_interval=0.1, worker_config=worker_config)
+
+
+def test_launch() -> None:
+    """Check that this process can take its place in the launched job: find its rank and world size in the
+    launcher's variables and join the process group (what ``PartialState()`` does first)."""
+    from overdrive.runtime.cluster import detect_process_info
+    from overdrive.runtime.device import select_device
+    from overdrive.runtime.process_group import ensure_process_group
+
+    info = detect_process_info()
+    ensure_process_group(info, select_device(info.local_rank))

@@ -13,6 +13,7 @@ and passing an instance in ``log_with`` or registering the class::
 from __future__ import annotations
 
 from overdrive.config._lazy import lazy_exports
+from overdrive.helpers.logging import get_logger
 from overdrive.tracking.base import (
     DEFAULT_TRACKER,
     GeneralTracker,
@@ -38,6 +39,9 @@ _LAZY = {
     **dict.fromkeys(("LOGGER_TYPE_TO_CLASS", "filter_trackers", "get_available_trackers", "register_tracker_class"),
                     "overdrive.tracking.accelerate_names"),
 }
+
+#: Accelerate's module logger (``accelerate.tracking.logger``), process-aware
+logger = get_logger("accelerate.tracking")
 
 __all__ = [
     "DEFAULT_TRACKER", "GeneralTracker", "available_trackers", "check_log_with", "find_tracker",

@@ -14,6 +14,29 @@ import torch
 from overdrive.training.state import GradientState
 
 
+def move_to_device(state: Any, device: Any) -> Any:
+    """``state`` (nested lists, tuples, dicts of tensors, as an optimizer's state dict) with every tensor moved
+    to ``device``; containers keep their types."""
+    if isinstance(state, (list, tuple)):
+        moved = [move_to_device(item, device) for item in state]
+        return type(state)(*moved) if hasattr(state, "_fields") else type(state)(moved)
+    if isinstance(state, dict):
+        return type(state)({key: move_to_device(value, device) for key, value in state.items()})
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    return state
+
+
+def patch_optimizer_step(accelerated_optimizer: Any, method: Callable) -> Callable:
+    """``method`` (an optimizer's ``step``) wrapped to record on ``accelerated_optimizer`` that it ran
+    (``_accelerate_step_called``), which is how a skipped step is told from a taken one."""
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step
+
+
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps a user's optimizer.
 

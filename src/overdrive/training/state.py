@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,32 @@ from overdrive.training.accumulation import AccumulationWindow
 if TYPE_CHECKING:
     from overdrive.resolve.plan import TrainingPlan
     from overdrive.resolve.process import ProcessPlan
+
+logger = logging.getLogger("accelerate.state")
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Accept anything and return None (Accelerate's placeholder callable)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A descriptor holding one dict shared by every instance of a class within a thread (Accelerate's state
+    storage for multi-threaded XLA runs): ``obj.attr`` and ``cls.attr`` give the same dict, ``obj.attr = d``
+    replaces it."""
+
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[str, Any] = {}
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[str, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+        self._storage = value
+
+
+#: the type of the states' shared storage: a plain dict (overdrive does not run XLA's threads)
+SharedDict = dict
 
 
 class PartialState:
