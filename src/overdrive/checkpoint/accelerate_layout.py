@@ -119,6 +119,25 @@ def _write_optimizers(run: TrainingState, folder: Path, distributed: bool, is_ma
         plain += 1
 
 
+def tensors_written(run: TrainingState, rank: int) -> dict[str, Any]:
+    """The tensors this process writes into Accelerate's files (to check the free space before writing):
+    the models and optimizer states of the main process, and every process's shards of sharded ones."""
+    engine = run.engine
+    out: dict[str, Any] = {}
+    for i, model in enumerate(run.objects.models):
+        if (engine is None or not engine.owns(model)) and (rank == 0 or is_sharded(model)):
+            out.update({f"model_{i}.{k}": v for k, v in model.state_dict().items()})
+    for j, prepared in enumerate(run.objects.optimizers):
+        if engine is not None and engine.owns(prepared):
+            continue
+        inner = getattr(prepared, "optimizer", prepared)
+        sharded = any(is_sharded(m) for m in run.objects.models)
+        if rank == 0 or sharded:
+            out.update({f"optimizer_{j}.{id(p)}.{k}": v for p, values in inner.state.items()
+                        for k, v in values.items()})
+    return out
+
+
 def write_accelerate_files(run: TrainingState, folder: Path, rank: int, distributed: bool, kept: list[int],
                            rng: dict[str, Any], safe_serialization: bool) -> None:
     """Write Accelerate's files into ``folder`` (a collective when a model is sharded: call on every process).

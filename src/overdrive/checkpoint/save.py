@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from overdrive.checkpoint import background, naming, space
-from overdrive.checkpoint.accelerate_layout import write_accelerate_files
+from overdrive.checkpoint.accelerate_layout import tensors_written, write_accelerate_files
 from overdrive.checkpoint.codec import encode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
@@ -112,6 +112,12 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
             error = exc
         group.check(error, f"save_state({str(target)!r}): a save_state pre-hook failed")
         kept = group.broadcast(kept)  # the main process's choice
+        if layout == "accelerate":  # a full disk is found before Accelerate's files are written
+            try:
+                needed = space.check_space(temporary, tensors_written(run, group.rank))
+            except Exception as exc:  # noqa: BLE001 - reported on every rank
+                error = exc
+            group.check(error, f"save_state({str(target)!r})")
         try:
             flat, summary = _write_json_parts(run, group, temporary, kept,
                                               safe_serialization if layout == "accelerate" else None)
@@ -125,11 +131,12 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
             except Exception as exc:  # noqa: BLE001 - reported on every rank
                 error = exc
             group.check(error, f"save_state({str(target)!r}): the engine could not save its state")
-        try:  # a full disk is found here, before the large writes
-            needed = space.check_space(temporary, flat)
-        except Exception as exc:  # noqa: BLE001 - reported on every rank
-            error, needed = exc, 0
-        group.check(error, f"save_state({str(target)!r})")
+        if layout == "resharding":
+            try:  # a full disk is found here, before the large writes
+                needed = space.check_space(temporary, flat)
+            except Exception as exc:  # noqa: BLE001 - reported on every rank
+                error, needed = exc, 0
+            group.check(error, f"save_state({str(target)!r})")
         writer = ChecksummingWriter(temporary, WRITER_THREADS)  # the data files' CRC-32s come with the write
         planner = DefaultSavePlanner(flatten_state_dict=False)
 
