@@ -24,9 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from overdrive.checkpoint.accelerate_layout import is_sharded, saved_as_file
+from overdrive.checkpoint.errors import CheckpointError
+from overdrive.checkpoint.group import run_dcp
+from overdrive.checkpoint.storage import SafeFileSystemReader
 
 _MARKERS = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|optimizer(_\d+)?\.bin|"
                       r"random_states_\d+\.pkl|pytorch_model(_fsdp)?(_\d+)?)$")
@@ -121,8 +133,6 @@ def load_accelerate_checkpoint(folder: str | os.PathLike, *, models: list[Any], 
 
     Raises ``CheckpointError`` (changing nothing) when a file needs unpickling and ``allow_pickle`` is
     False, or when a model's weights do not fit (with ``strict``)."""
-    from overdrive.checkpoint.errors import CheckpointError
-
     path = Path(folder)
     refused: list[str] = []
     contents = _read_all(path, process_index, allow_pickle, load_kwargs or {}, refused)
@@ -192,8 +202,6 @@ def _with_aliases(model: Any, weights: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_models(plan: list[tuple[str, int, Any, Any]], report: AccelerateCheckpointReport) -> None:
-    from overdrive.checkpoint.errors import CheckpointError
-
     problems = []
     for kind, index, value, target in plan:
         if kind != "model" or value is None or target is None:
@@ -257,19 +265,22 @@ def load_into(holder: Any, folder: str | os.PathLike, *, allow_pickle: bool | No
     engine = holder.engine
     owned = engine.owns if engine is not None else (lambda obj: False)
     models = list(objects.models)
-    special = [i for i, m in enumerate(models) if owned(m) or is_sharded(m)]
+    path = Path(folder)
+    # an FSDP2 folder loads into a sharded model and, resharded by DCP, into a plain one (overdrive's addition)
+    special = [i for i, m in enumerate(models)
+               if owned(m) or is_sharded(m) or (path / f"pytorch_model_fsdp_{i}").is_dir()]
     given = holder.hook_models()
     rest = [given[i] for i in range(len(models)) if i not in special]
     for hook in objects.load_hooks.values():
         hook(rest, str(folder))
-    paired = [j for j in range(len(objects.optimizers)) if j in special and not owned(models[j])]
+    paired = [j for j in range(len(objects.optimizers)) if j in special and not owned(models[j])
+              and (is_sharded(models[j]) or (path / f"optimizer_{j}").is_dir())]
     report = load_accelerate_checkpoint(
         folder, models=rest,
         optimizers=[o for j, o in enumerate(objects.optimizers) if not owned(o) and j not in paired],
         schedulers=[s for s in objects.schedulers if saved_as_file(s, engine)], dataloaders=objects.dataloaders,
         custom_objects=objects.custom_objects, scaler=holder.scaler, process_index=holder.process_index,
         allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs)
-    path = Path(folder)
     for i in special:
         if not owned(models[i]):
             optimizer = objects.optimizers[i] if i in paired else None
@@ -291,10 +302,6 @@ class _NestedSafeLoadPlanner(DefaultLoadPlanner):
         self.allow_pickle = allow_pickle
 
     def load_bytes(self, read_item: Any, value: Any) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
-        from overdrive.checkpoint.errors import CheckpointError
-
         key = read_item.dest_index.fqn
         try:
             loaded = torch.load(value, weights_only=not self.allow_pickle)
@@ -309,18 +316,6 @@ def _load_sharded(folder: Path, index: int, model: Any, optimizer: Any, allow_pi
                   distributed: bool) -> None:
     """FSDP2 model ``index`` (and its optimizer) from Accelerate's ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/``
     folders, each process reading its own shards (a collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    from overdrive.checkpoint.errors import CheckpointError
-    from overdrive.checkpoint.group import run_dcp
-    from overdrive.checkpoint.storage import SafeFileSystemReader
 
     def read(name: str, key: str, state: dict[str, Any]) -> dict[str, Any]:
         sub = folder / name

@@ -22,15 +22,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
+from overdrive.checkpoint.group import run_dcp
 from overdrive.training.prepared import TrainingState
 
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``model``'s parameters are sharded ``DTensor``s (FSDP2): no process holds its whole state."""
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
@@ -64,11 +71,6 @@ def indexed(stem: str, suffix: str, index: int) -> str:
 
 def _save_dcp(folder: Path, state: dict[str, Any], distributed: bool) -> None:
     """One ``torch.distributed.checkpoint`` folder, written as Accelerate's FSDP code writes it."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-
-    from overdrive.checkpoint.group import run_dcp
-
     folder.mkdir(parents=True, exist_ok=True)
     run_dcp(lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)),
                              planner=DefaultSavePlanner(), no_dist=not distributed))
@@ -76,8 +78,6 @@ def _save_dcp(folder: Path, state: dict[str, Any], distributed: bool) -> None:
 
 def _write_models(run: TrainingState, folder: Path, distributed: bool, is_main: bool, kept: list[int],
                   safe_serialization: bool) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     engine = run.engine
     models = run.hook_models()  # Accelerate's `_models`: what its save_state takes the weights of
     plain = 0
@@ -101,8 +101,6 @@ def _write_models(run: TrainingState, folder: Path, distributed: bool, is_main: 
 
 
 def _write_optimizers(run: TrainingState, folder: Path, distributed: bool, is_main: bool) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
     engine = run.engine
     plain = 0
     for j, prepared in enumerate(run.objects.optimizers):
