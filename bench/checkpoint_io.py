@@ -7,7 +7,8 @@ One process builds a model of ``--layers`` Linear(hidden, hidden) layers (6 x 40
 takes one AdamW step so that the optimizer state exists (2 more tensors per parameter: ~1.2 GB of state
 in all), and then runs, round after round and in rotating order, the four operations:
 
-- ``save_state``: overdrive's checkpoint (DCP files + JSON, fsync'ed, CRC-32 of every file, atomic rename);
+- ``save_state``: overdrive's checkpoint in its default layout (Accelerate's files + overdrive's JSON, fsync'ed, CRC-32 of
+  every file, atomic rename; the resharding layout's DCP files when the code predates that default);
 - ``save_state(async_save=True), blocked``: the time the call blocks (the state is staged into host memory;
   the write, checksums and publication go on in the background and are waited for, untimed, after);
 - ``torch.save``: ``{"model": ..., "optimizer": ...}`` to one file, then fsync (a checkpoint is only a

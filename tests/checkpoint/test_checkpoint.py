@@ -3,10 +3,12 @@ checkpoints, the safetensors export and merge-weights."""
 
 from __future__ import annotations
 
+import fractions
 import io
 import json
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -33,10 +35,10 @@ def _fresh_gradient_state() -> Any:
     GradientState._reset_state()
 
 
-def _saved_run(tmp_path: Path, steps: int = 6) -> tuple[Run, Path]:
+def _saved_run(tmp_path: Path, steps: int = 6, layout: str = "accelerate") -> tuple[Run, Path]:
     run = setup(0)
     train(run, steps)
-    return run, Path(run.acc.save_state(tmp_path / "ckpt"))
+    return run, Path(run.acc.save_state(tmp_path / "ckpt", layout=layout))
 
 
 # -- exact resume ---------------------------------------------------------------------------------
@@ -163,17 +165,18 @@ def test_overwriting_a_checkpoint_and_refusing_other_folders(tmp_path: Path) -> 
 
 
 # -- damaged and mismatched checkpoints -----------------------------------------------------------
-def test_truncated_and_corrupted_files_are_named(tmp_path: Path) -> None:
-    _, path = _saved_run(tmp_path)
-    data = path / "__0_0.distcp"
+@pytest.mark.parametrize(("layout", "name"), [("resharding", "__0_0.distcp"), ("accelerate", "model.safetensors")])
+def test_truncated_and_corrupted_files_are_named(tmp_path: Path, layout: str, name: str) -> None:
+    _, path = _saved_run(tmp_path, layout=layout)
+    data = path / name
     original = data.read_bytes()
     data.write_bytes(original[:-100])
-    with pytest.raises(CheckpointError, match=r"__0_0\.distcp is \d+ bytes but the manifest says \d+"):
+    with pytest.raises(CheckpointError, match=rf"{re.escape(name)} is \d+ bytes but the manifest says \d+"):
         setup(1).acc.load_state(path)
     flipped = bytearray(original)
     flipped[len(flipped) // 2] ^= 0xFF
     data.write_bytes(bytes(flipped))
-    with pytest.raises(CheckpointError, match=r"__0_0\.distcp has checksum \w+ but the manifest says \w+"):
+    with pytest.raises(CheckpointError, match=rf"{re.escape(name)} has checksum \w+ but the manifest says \w+"):
         setup(1).acc.load_state(path)
     data.write_bytes(original)
     (path / "manifest.json").write_text("{ not json")
@@ -185,7 +188,7 @@ def test_truncated_and_corrupted_files_are_named(tmp_path: Path) -> None:
 
 
 def test_incompatible_model_names_the_keys(tmp_path: Path) -> None:
-    _, path = _saved_run(tmp_path)
+    _, path = _saved_run(tmp_path, layout="resharding")
     acc = Accelerator()
     wider = nn.Sequential(nn.Linear(6, 64), nn.Dropout(0.3), nn.Tanh(), nn.Linear(64, 1), nn.Linear(1, 1))
     wider = acc.prepare(wider)
@@ -207,7 +210,7 @@ class _Evil:
 
 def test_nothing_is_unpickled_without_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    _, path = _saved_run(tmp_path)
+    _, path = _saved_run(tmp_path, layout="resharding")
     (path / ".metadata").write_bytes(pickle.dumps(_Evil()))
     manifest = json.loads((path / "manifest.json").read_text())  # an attacker controls the manifest too
     manifest["files"][".metadata"].update(size=(path / ".metadata").stat().st_size,
@@ -254,8 +257,10 @@ def test_registered_objects_hooks_and_pickle_opt_in(tmp_path: Path) -> None:
 
     popped = acc.register_save_state_pre_hook(save_it_myself)
     with pytest.warns(UserWarning, match="custom_0.seen could only be saved with pickle"):
-        path = acc.save_state(tmp_path / "c")
+        path = acc.save_state(tmp_path / "c", layout="resharding")
+    accelerate_path = acc.save_state(tmp_path / "a")  # Accelerate's layout: custom_checkpoint_0.pkl, torch.save
     popped.remove()
+    assert not {"model.safetensors", "pytorch_model.bin"} & set(os.listdir(accelerate_path))  # the hook saved it
     assert Path(path, "my_model.txt").read_text() == "saved by the hook"
     assert json.loads(Path(path, "manifest.json").read_text())["files"]["my_model.txt"]["rank"] is None
     assert "model_0.weight" not in (path_text := (Path(path) / "state.json").read_text()) and '"models":[]' in path_text
@@ -271,7 +276,25 @@ def test_registered_objects_hooks_and_pickle_opt_in(tmp_path: Path) -> None:
         acc2.load_state(path)
     acc2.load_state(path, allow_pickle=True)
     assert odd.seen == {1, 2} and len(calls) == 2
+    odd.seen = set()
+    acc2.load_state(accelerate_path)  # a set is among the values torch's weights_only reader rebuilds
+    assert odd.seen == {1, 2} and len(calls) == 3
     del model
+
+
+def test_registered_objects_in_accelerates_layout_unpickle_as_accelerate(tmp_path: Path) -> None:
+    acc = Accelerator()
+    acc.prepare(nn.Linear(2, 2))
+    odd = _Odd()
+    odd.seen = fractions.Fraction(1, 3)  # only a full unpickler rebuilds it
+    acc.register_for_checkpointing(odd)
+    path = acc.save_state(tmp_path / "a")
+    odd.seen = None
+    with pytest.raises(CheckpointError, match="custom_checkpoint_0.pkl: holds pickled Python objects"):
+        acc.load_state(path, allow_pickle=False)  # overdrive's stricter switch
+    assert odd.seen is None  # nothing was changed
+    acc.load_state(path)  # by default as Accelerate: its load_custom_state unpickles in full
+    assert odd.seen == fractions.Fraction(1, 3)
 
 
 def test_codec_round_trip() -> None:
@@ -324,8 +347,9 @@ def test_save_model_shards_single_file_and_tied_weights(tmp_path: Path) -> None:
     assert same(loaded, {k: v.detach() for k, v in model.state_dict().items()})
 
 
-def test_merge_weights_in_one_process(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    run, path = _saved_run(tmp_path)
+@pytest.mark.parametrize("layout", ["accelerate", "resharding"])
+def test_merge_weights_in_one_process(tmp_path: Path, capsys: pytest.CaptureFixture, layout: str) -> None:
+    run, path = _saved_run(tmp_path, layout=layout)
     assert merge_weights_main([str(path), str(tmp_path / "out")]) == 0
     assert same(load_file(tmp_path / "out" / "model.safetensors"), snapshot(run)["model"])
     capsys.readouterr()
@@ -354,3 +378,29 @@ def test_register_for_checkpointing_names_each_object_without_state_dict() -> No
     message = str(error.value)
     assert "Item at index 0" in message and "Item at index 1" in message
     assert "Item at index 2" not in message and "Item at index 3" not in message
+
+
+def test_a_folder_of_an_earlier_overdrive_loads(tmp_path: Path) -> None:
+    """Earlier versions wrote the DCP layout with no "layout" entry in the manifest or state.json."""
+    run, path = _saved_run(tmp_path, layout="resharding")
+    for name, drop in (("state.json", lambda d: d.pop("layout")), ("manifest.json", lambda d: d["contents"].pop("layout"))):
+        data = json.loads((path / name).read_text())
+        drop(data)
+        (path / name).write_text(json.dumps(data))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["state.json"].update(size=(path / "state.json").stat().st_size, crc32=checksum(path / "state.json"))
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    other = setup(1)
+    other.acc.load_state(path)
+    assert same(snapshot(other)["model"], snapshot(run)["model"])
+
+
+def test_the_default_folder_is_accelerates_with_small_extras(tmp_path: Path) -> None:
+    run, path = _saved_run(tmp_path)
+    names = set(os.listdir(path))
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "manifest.json", "state.json",
+            "rank_0.json"} <= names
+    assert not any(n.endswith(".distcp") or n == ".metadata" for n in names)  # the model is written once
+    assert "weight" not in (path / "state.json").read_text()  # the extras hold counters and positions only
+    with pytest.raises(ValueError, match="layout must be one of 'accelerate', 'resharding'"):
+        run.acc.save_state(tmp_path / "x", layout="dcp")

@@ -193,7 +193,7 @@ def _kill_during_save(root: str) -> dict[str, Any]:
     os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     run = setup(0, project_dir="proj", save_on_each_node=True)
     train(run, 2)
-    run.acc.save_state()
+    run.acc.save_state(layout="resharding")  # the DCP layout: each machine keeps its ranks' data files
     node_files = sorted(os.listdir("proj/checkpoints/checkpoint_0"))
 
     run = setup(0, project_dir=os.path.join(root, "shared"))
@@ -212,7 +212,7 @@ def _kill_during_save(root: str) -> dict[str, Any]:
 
         ChecksummingWriter.write_data = write_then_die
     try:
-        run.acc.save_state()
+        run.acc.save_state(layout="resharding")  # killed inside DCP's writer
         outcome = "saved"
     except Exception as exc:  # noqa: BLE001 - the point of the test
         outcome = f"{type(exc).__name__}: {exc}"
@@ -357,8 +357,8 @@ def test_missing_rank_file_and_merge_weights(reference: tuple[Path, list], tmp_p
         exported.update(load_file(file))
     assert same(exported, ref[0]["final"]["model"]) and same(ref[0]["full"], ref[0]["final"]["model"])
 
-    (ckpt / "__1_0.distcp").unlink()
-    with pytest.raises(CheckpointError, match=r"__1_0\.distcp is missing \(written by rank 1 of 2\)"):
+    (ckpt / "rank_1.json").unlink()
+    with pytest.raises(CheckpointError, match=r"rank_1\.json is missing \(written by rank 1 of 2\)"):
         Accelerator().load_state(ckpt)
     assert merge_weights_main([str(ckpt), str(tmp_path / "other")]) == 1
 

@@ -102,3 +102,62 @@ def test_a_pickled_object_is_refused_without_allow_pickle_and_loads_with_it(tmp_
     assert "nothing was loaded" in refused["error"] and refused["unchanged"] and refused["count"] == 0
     loaded = _run(LOAD, str(tmp_path / "ckpt"), "rich", "allow")
     assert loaded == saved
+
+
+TIED = """
+import json, sys, torch
+class Tiny(torch.nn.Module):  # GPT-2's shape: the output layer is the input embedding (one tensor, two names)
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(10, 8)
+        self.body = torch.nn.Linear(8, 8)
+        self.lm_head = torch.nn.Linear(8, 10, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.register_buffer("mask", torch.ones(3), persistent=False)  # left out of every state dict
+    def forward(self, ids):
+        return self.lm_head(torch.tanh(self.body(self.wte(ids))))
+def build(accelerator, seed):
+    torch.manual_seed(seed)
+    model = Tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return accelerator.prepare(model, optimizer)
+def train(accelerator, model, optimizer):
+    torch.manual_seed(5)
+    for _ in range(3):
+        ids = torch.randint(0, 10, (4, 6))
+        loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()
+def summary(model, optimizer):
+    inner = getattr(model, "module", model)
+    return {"sd": {k: v.flatten().tolist() for k, v in inner.state_dict().items()},
+            "tied": inner.lm_head.weight is inner.wte.weight,
+            "exp_avg": [s["exp_avg"].flatten().tolist() for s in optimizer.state_dict()["state"].values()]}
+"""
+
+TIED_SAVE = TIED + """
+from accelerate import Accelerator
+accelerator = Accelerator(cpu=True)
+model, optimizer = build(accelerator, 0)
+train(accelerator, model, optimizer)
+accelerator.save_state(sys.argv[1])
+print("RESULT", json.dumps(summary(model, optimizer)))
+"""
+
+TIED_LOAD = TIED + """
+from overdrive import Accelerator
+accelerator = Accelerator(cpu=True)
+model, optimizer = build(accelerator, 1)  # other initial weights: all must come from the checkpoint
+accelerator.load_state(sys.argv[1])
+print("RESULT", json.dumps(summary(model, optimizer)))
+"""
+
+
+def test_tied_weights_stored_once_by_accelerate_load(tmp_path):
+    saved = _run(TIED_SAVE, str(tmp_path / "ckpt"), "plain")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    assert "lm_head.weight" not in stored and "wte.weight" in stored  # Accelerate stores the tied weight once
+    loaded = _run(TIED_LOAD, str(tmp_path / "ckpt"), "plain")
+    assert loaded == saved and loaded["tied"]

@@ -75,8 +75,8 @@ def test_a_live_save_in_progress_is_never_cleaned_and_a_dead_ones_is(tmp_path):
 
 def test_crafted_metadata_pointing_outside_the_folder_is_refused(tmp_path):
     accelerator, model, _ = _accelerator()
-    other = Path(accelerator.save_state(tmp_path / "other"))
-    target = Path(accelerator.save_state(tmp_path / "ckpt"))
+    other = Path(accelerator.save_state(tmp_path / "other", layout="resharding"))
+    target = Path(accelerator.save_state(tmp_path / "ckpt", layout="resharding"))
     metadata_path = target / ".metadata"
     metadata = pickle.loads(metadata_path.read_bytes())
     for info in metadata.storage_data.values():

@@ -55,9 +55,9 @@ def test_every_failed_load_leaves_the_run_exactly_as_it_was(tmp_path):
     run.acc.register_for_checkpointing(picky)
     train(run, 4)
     with pytest.warns(UserWarning, match="pickle"):
-        saved = Path(run.acc.save_state(tmp_path / "with_set"))
+        saved = Path(run.acc.save_state(tmp_path / "with_set", layout="resharding"))
     picky.value = {"plain": 1}  # json-friendly: a second checkpoint any load can read
-    good = Path(run.acc.save_state(tmp_path / "plain"))
+    good = Path(run.acc.save_state(tmp_path / "plain", layout="resharding"))
     train(run, 9)  # everything moves on: the loads below would take it back to step 4
     picky.value = {3}
     next(iter(run.loader))  # a data position mid-epoch

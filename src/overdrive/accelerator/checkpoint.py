@@ -56,11 +56,13 @@ class CheckpointVerbs:
         positions, RNG states, step counters, registered objects) to ``output_dir``; call on every process
         (or, as in Accelerate, on the main process only when it holds the whole state: one process or DDP).
 
-        Each process writes its own shard (``torch.distributed.checkpoint``); the folder appears by one
-        atomic rename once all are done. With ``automatic_checkpoint_naming`` the folder is
-        ``<project_dir>/checkpoints/checkpoint_<iteration>`` and ``total_limit`` applies. Returns the folder.
-        ``accelerate_layout=True`` (one process or DDP) also writes Accelerate's own files
-        (``model.safetensors``, ``optimizer.bin``, ...), so that Accelerate's ``load_state`` reads the folder.
+        The folder holds Accelerate's files (``model.safetensors``, ``optimizer.bin``, FSDP2's and DeepSpeed's
+        folders, ``random_states_<rank>.pkl``, ...) and overdrive's small extras (``state.json``,
+        ``rank_<r>.json``, ``manifest.json``); it appears by one atomic rename once every process is done.
+        ``layout="resharding"`` (also what ``async_save=True`` writes) writes ``torch.distributed.checkpoint``
+        files instead; ``accelerate_layout=True`` / ``False`` is the older spelling. With
+        ``automatic_checkpoint_naming`` the folder is ``<project_dir>/checkpoints/checkpoint_<iteration>`` and
+        ``total_limit`` applies. Returns the folder.
         """
         from overdrive.checkpoint import save_state
 
@@ -68,8 +70,10 @@ class CheckpointVerbs:
 
     def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> str:
         """Restore what ``save_state`` saved (the newest complete checkpoint when ``input_dir`` is None and
-        names are automatic), at this or another number of processes. Keywords: ``allow_pickle``
-        (default False), ``strict`` (default True), ``verify`` (checksums, default True)."""
+        names are automatic), or a folder the real Accelerate wrote. Keywords: ``allow_pickle`` (default
+        None: Accelerate's files as Accelerate reads them, nothing of overdrive's unpickled; False: nothing
+        beyond plain values; True: everything), ``strict`` (default True), ``verify`` (checksums, default
+        True), ``load_kwargs`` (passed to ``torch.load``)."""
         from overdrive.checkpoint import load_state
 
         return load_state(self.training_state(), input_dir, **load_model_func_kwargs)

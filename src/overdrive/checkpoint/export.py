@@ -208,13 +208,22 @@ def merge_weights(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLi
     problems = verify_files(folder, manifest, sorted(manifest["files"]), with_checksums=verify)
     if problems:
         raise CheckpointError(f"checkpoint {folder} is damaged:\n  " + "\n  ".join(problems))
+    shard_limit = parse_size(max_shard_size)
+    if manifest.get("contents", {}).get("layout") == "accelerate":
+        sharded = folder / f"pytorch_model_fsdp_{model_index}"
+        if not sharded.is_dir():
+            order, sizes, materialize = _accelerate_file(folder, model_index)
+            return write_shards(Path(output_dir), _plan_shards(order, sizes, shard_limit), sizes, materialize,
+                                safe_serialization)
+        folder, prefix = sharded, "model."  # Accelerate's FSDP2 folder: {"model": state}, flattened
+    else:
+        prefix = f"model_{model_index}."
     reader = SafeFileSystemReader(folder, allow_pickle=allow_pickle)
     saved = reader.read_metadata().state_dict_metadata
-    prefix = f"model_{model_index}."
     entries = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
     tensors = {k: v for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
     if not tensors:
-        held = sorted({k.split(".", 1)[0] for k in saved if k.startswith("model_")})
+        held = sorted({k.split(".", 1)[0] for k in saved if k.startswith(("model_", "model."))})
         raise CheckpointError(f"{folder} holds no weights for model {model_index} (it holds: "
                               f"{', '.join(held) or 'no model'})")
     order = _saved_order(folder, model_index, list(tensors))
@@ -227,8 +236,39 @@ def merge_weights(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLi
                                  planner=SafeLoadPlanner(allow_pickle), no_dist=True))
         return out
 
-    shards = _plan_shards(order, sizes, parse_size(max_shard_size))
+    shards = _plan_shards(order, sizes, shard_limit)
     return write_shards(Path(output_dir), shards, sizes, materialize, safe_serialization)
+
+
+def _accelerate_file(folder: Path, model_index: int) -> tuple[list[str], dict[str, int], Any]:
+    """Model ``model_index``'s names, sizes and reader from the Accelerate layout's ``model[_k].safetensors``
+    (or ``pytorch_model[_k].bin``), ``k`` its place among the models the save wrote."""
+    from overdrive.checkpoint.accelerate_layout import indexed
+    from overdrive.checkpoint.storage import read_json
+
+    saved = list(read_json(folder / "state.json")["models"])
+    if model_index not in saved:
+        raise CheckpointError(f"{folder} holds no weights for model {model_index} (it holds models {saved}; a "
+                              "DeepSpeed engine's are in its pytorch_model folder: use the zero_to_fp32.py beside it)")
+    place = saved.index(model_index)
+    safe, unsafe = folder / indexed("model", ".safetensors", place), folder / indexed("pytorch_model", ".bin", place)
+    if safe.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(safe), "pt") as f:
+            names = list(f.keys())
+            sizes = {n: f.get_slice(n).get_shape() for n in names}
+            dtypes = {n: f.get_slice(n).get_dtype() for n in names}
+        widths = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
+
+        def read(chosen: list[str]) -> dict[str, torch.Tensor]:
+            with safe_open(str(safe), "pt") as f:
+                return {n: f.get_tensor(n) for n in chosen}
+        return names, {n: _numel(sizes[n]) * widths.get(dtypes[n], 1) for n in names}, read
+    if not unsafe.is_file():
+        raise CheckpointError(f"{folder} has neither {safe.name} nor {unsafe.name} for model {model_index}")
+    tensors = torch.load(unsafe, map_location="cpu", weights_only=True)
+    return list(tensors), {n: _nbytes(t) for n, t in tensors.items()}, lambda chosen: {n: tensors[n] for n in chosen}
 
 
 def _numel(size: Sequence[int]) -> int:

@@ -17,6 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from overdrive.checkpoint import naming
+from overdrive.checkpoint.accelerate_format import is_accelerate_checkpoint, load_into
 from overdrive.checkpoint.codec import REF, decode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
@@ -43,12 +44,14 @@ from overdrive.checkpoint.storage import (
 from overdrive.training.prepared import TrainingState
 
 
-def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *, allow_pickle: bool = False,
+def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *, allow_pickle: bool | None = None,
                strict: bool = True, verify: bool = True, load_kwargs: dict[str, Any] | None = None,
                **unexpected: Any) -> str:
     """Restore what :func:`~overdrive.checkpoint.save.save_state` saved; return the folder.
 
-    Call it on every process. See :meth:`overdrive.Accelerator.load_state`.
+    Call it on every process. ``allow_pickle``: None (the default) reads Accelerate's files as Accelerate
+    does and unpickles nothing of overdrive's own; True unpickles anything; False nothing beyond plain values.
+    See :meth:`overdrive.Accelerator.load_state`.
     """
     if unexpected:
         raise TypeError(f"load_state() got unexpected arguments {sorted(unexpected)}; it accepts allow_pickle, "
@@ -60,10 +63,8 @@ def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *
     group.arrive("load_state")  # before any collective
     project = run.project
     folder = Path(group.run_on_main(lambda: str(_find(project, input_dir)), "load_state"))
-    from overdrive.checkpoint.accelerate_format import is_accelerate_checkpoint, load_into
-
     if is_accelerate_checkpoint(folder):  # written by Accelerate's save_state: read its files as they are
-        load_into(run, folder, allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs)
+        _load_plain_accelerate(run, folder, group, allow_pickle, strict, load_kwargs)
         return str(folder)
     error, manifest = None, {}
     try:
@@ -76,6 +77,10 @@ def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *
     problems = [p for part in group.gather(problems) for p in part]
     if problems:
         raise CheckpointError(f"checkpoint {folder} is damaged:\n  " + "\n  ".join(problems))
+    if manifest.get("contents", {}).get("layout") == "accelerate":
+        _load_accelerate_layout(run, folder, group, manifest, allow_pickle, strict, load_kwargs)
+        return str(folder)
+    allow_pickle = bool(allow_pickle)
 
     error, reading = None, None
     try:
@@ -117,6 +122,53 @@ def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *
         error = exc
     _check_or_restore(group, error, snapshot, f"load_state({str(folder)!r}) could not restore the training state")
     return str(folder)
+
+
+def _load_plain_accelerate(run: TrainingState, folder: Path, group: Group, allow_pickle: bool | None, strict: bool,
+                           load_kwargs: dict[str, Any] | None) -> None:
+    """A folder the real Accelerate wrote: its files, as its ``load_state`` reads them."""
+    error = None
+    try:
+        load_into(run, folder, allow_pickle=allow_pickle, strict=strict, load_kwargs=load_kwargs,
+                  distributed=group.active)
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        error = exc
+    group.check(error, f"load_state({str(folder)!r})")
+
+
+def _load_accelerate_layout(run: TrainingState, folder: Path, group: Group, manifest: dict[str, Any],
+                            allow_pickle: bool | None, strict: bool, load_kwargs: dict[str, Any] | None) -> None:
+    """A verified folder in Accelerate's layout that overdrive wrote: Accelerate's files, then overdrive's
+    extras (the accumulation window, the data positions with ``exact_resume``, every RNG stream)."""
+    error, extras = None, None
+    try:  # everything of overdrive's is read and decoded before anything changes
+        state = read_json(folder / STATE_FILE)
+        mine = folder / rank_file(group.rank)
+        ranked = read_json(mine) if mine.is_file() else None
+        _check_counts(run, state)
+        loader_states = [loader_state_for(decode(record), loader, i) if restores_position(loader) else None
+                         for i, (record, loader) in enumerate(zip(state["dataloaders"], run.objects.dataloaders))]
+        generators = [None if g is None else decode(g) for g in (ranked or {}).get("loader_generators", [])]
+        rng = decode(ranked["rng"], allow_pickle=bool(allow_pickle)) if ranked is not None else None
+        extras = (state, loader_states, {"generators": generators, "rng": rng})
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        error = exc
+    group.check(error, f"load_state({str(folder)!r})")
+    assert extras is not None  # group.check raised the error otherwise
+    _load_plain_accelerate(run, folder, group, allow_pickle, strict, load_kwargs)
+    state, loader_states, decoded = extras
+    error = None
+    try:
+        _restore_process_state(run, state, decoded, loader_states, manifest, group)
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        error = exc
+    group.check(error, f"load_state({str(folder)!r}) could not restore the training state")
+
+
+def _check_counts(run: TrainingState, state: dict[str, Any]) -> None:
+    problems = _count_problems(run, state)
+    if problems:
+        raise CheckpointError("\n".join(problems))
 
 
 class _Reading(NamedTuple):

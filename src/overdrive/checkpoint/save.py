@@ -1,6 +1,9 @@
-"""``save_state``: every piece of a training run, sharded with DCP, published by one atomic rename.
+"""``save_state``: every piece of a training run, published by one atomic rename.
 
-A checkpoint folder holds:
+By default the folder holds Accelerate's files (``accelerate_layout.py``) and overdrive's small extras:
+``state.json`` (counters, data-loader positions), ``rank_<r>.json`` (each rank's RNG states) and
+``manifest.json``. With ``layout="resharding"`` (or an async save) the models, optimizers and every other
+tensor are written with DCP instead, and the folder holds:
 
 - ``__<rank>_0.distcp`` and ``.metadata``: DCP's files. Models, optimizers and the tensors of the other
   pieces; each rank writes its own part (replicated tensors once, spread over the ranks).
@@ -24,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from overdrive.checkpoint import background, naming, space
-from overdrive.checkpoint.accelerate_layout import check_layout_possible, write_accelerate_files
+from overdrive.checkpoint.accelerate_layout import tensors_written, write_accelerate_files
 from overdrive.checkpoint.codec import encode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
@@ -35,12 +38,16 @@ from overdrive.checkpoint.storage import (
     describe,
     describe_many,
     manifest_data,
+    read_json,
     write_json,
 )
 from overdrive.checkpoint.writer import ChecksummingWriter
 from overdrive.training.prepared import TrainingState
 
 STATE_FILE = "state.json"
+#: ``save_state(layout=...)``: Accelerate's files (the default), or overdrive's DCP layout that loads at
+#: any number of processes
+LAYOUTS = ("accelerate", "resharding")
 
 
 def rank_file(rank: int) -> str:
@@ -53,15 +60,15 @@ WRITER_THREADS = 2
 
 
 def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-               async_save: bool | None = None, accelerate_layout: bool = False, **unexpected: Any) -> str:
+               async_save: bool | None = None, layout: str | None = None, accelerate_layout: bool | None = None,
+               **unexpected: Any) -> str:
     """Save every piece of ``run`` (the Accelerator's training state) into ``output_dir``; return the folder.
 
     Call it on every process, or on the main process only when it holds the whole state (one process or
-    DDP, as Accelerate allows). ``accelerate_layout=True`` also writes Accelerate's own files (one process or
-    DDP; see ``accelerate_layout.py``). See :meth:`overdrive.Accelerator.save_state`.
+    DDP, as Accelerate allows). ``layout``: ``"accelerate"`` (the default: Accelerate's files) or
+    ``"resharding"`` (DCP; also what an async save writes); ``accelerate_layout=True`` / ``False`` is the
+    older spelling of the two. See :meth:`overdrive.Accelerator.save_state`.
     """
-    # overdrive's own files are always DCP + JSON, read back without unpickling; safe_serialization only
-    # chooses model.safetensors or pytorch_model.bin for the Accelerate layout
     if unexpected:
         raise TypeError(f"save_state() got unexpected arguments {sorted(unexpected)}")
     objects = run.objects
@@ -69,8 +76,10 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         raise CheckpointError("save_state(): nothing to save: no model, optimizer, scheduler or data loader was "
                               "prepared and no object registered; call accelerator.prepare(...) (or "
                               "register_for_checkpointing) first. Nothing was written")
-    if accelerate_layout:
-        check_layout_possible(run)
+    project = run.project
+    if async_save is None:
+        async_save = bool(getattr(project, "async_save", False))
+    layout = _resolve_layout(layout, accelerate_layout, async_save)
     background.wait_for_pending_save()  # the previous async save is published first
     group = Group()
     try:
@@ -82,9 +91,6 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         # under DDP, where the main process holds the whole state; so does overdrive, writing the folder of a
         # one-process run (the other ranks' RNG states are not saved; load_state leaves theirs as they are)
         group = Group.alone()
-    project = run.project
-    if async_save is None:
-        async_save = bool(getattr(project, "async_save", False))
     target_name, token = group.run_on_main(
         lambda: (str(naming.save_target(project, output_dir)), uuid.uuid4().hex[:16]), "save_state")
     target = Path(target_name)
@@ -102,24 +108,31 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
             error = exc
         group.check(error, f"save_state({str(target)!r}): a save_state pre-hook failed")
         kept = group.broadcast(kept)  # the main process's choice
+        if layout == "accelerate":  # a full disk is found before Accelerate's files are written
+            try:
+                needed = space.check_space(temporary, tensors_written(run, group.rank))
+            except Exception as exc:  # noqa: BLE001 - reported on every rank
+                error = exc
+            group.check(error, f"save_state({str(target)!r})")
         try:
             flat, summary = _write_json_parts(run, group, temporary, kept,
-                                              safe_serialization if accelerate_layout else None)
+                                              safe_serialization if layout == "accelerate" else None)
         except Exception as exc:  # noqa: BLE001 - reported on every rank
             error, flat, summary = exc, {}, {}
         group.check(error, f"save_state({str(target)!r}) could not collect the training state")
         engine = engine_of(run)
         if engine is not None:  # inside the temporary folder, so the manifest covers its files
             try:
-                engine.save(temporary, list(run.objects.models))
+                engine.save(temporary, list(run.objects.models), accelerate=layout == "accelerate")
             except Exception as exc:  # noqa: BLE001 - reported on every rank
                 error = exc
             group.check(error, f"save_state({str(target)!r}): the engine could not save its state")
-        try:  # a full disk is found here, before the large writes
-            needed = space.check_space(temporary, flat)
-        except Exception as exc:  # noqa: BLE001 - reported on every rank
-            error, needed = exc, 0
-        group.check(error, f"save_state({str(target)!r})")
+        if layout == "resharding":
+            try:  # a full disk is found here, before the large writes
+                needed = space.check_space(temporary, flat)
+            except Exception as exc:  # noqa: BLE001 - reported on every rank
+                error, needed = exc, 0
+            group.check(error, f"save_state({str(target)!r})")
         writer = ChecksummingWriter(temporary, WRITER_THREADS)  # the data files' CRC-32s come with the write
         planner = DefaultSavePlanner(flatten_state_dict=False)
 
@@ -134,8 +147,10 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
             background.start(flat, writer, planner, group, target, temporary, leader, needed, publish)
             project.iteration += 1
             return str(target)
-        metadata = run_dcp(lambda: dcp.save(flat, storage_writer=writer, planner=planner, no_dist=not group.active),
-                           writes=(temporary, needed))
+        metadata = None
+        if layout == "resharding":
+            metadata = run_dcp(lambda: dcp.save(flat, storage_writer=writer, planner=planner,
+                                                no_dist=not group.active), writes=(temporary, needed))
         publish(group, metadata)
     except BaseException as exc:
         if leader:
@@ -168,6 +183,22 @@ def _warn_mid_window(position: int, size: int) -> None:
         "accumulated so far are not saved, so a resumed run starts this window without them. Save after an "
         "optimizer step (when accelerator.sync_gradients is True) for an exact resume (said once per run)",
         stacklevel=4)
+
+
+def _resolve_layout(layout: str | None, accelerate_layout: bool | None, async_save: bool) -> str:
+    """The layout a save writes: ``layout``, else ``accelerate_layout``'s, else Accelerate's (DCP's when the
+    save runs in the background, which only DCP's writer does)."""
+    if layout is not None and layout not in LAYOUTS:
+        raise ValueError(f"save_state(layout={layout!r}): the layout must be one of {', '.join(map(repr, LAYOUTS))}")
+    older = None if accelerate_layout is None else ("accelerate" if accelerate_layout else "resharding")
+    if layout is not None and older is not None and layout != older:
+        raise ValueError(f"save_state(layout={layout!r}, accelerate_layout={accelerate_layout!r}) contradict each "
+                         "other; pass layout alone")
+    chosen = layout or older or ("resharding" if async_save else "accelerate")
+    if chosen == "accelerate" and async_save:
+        raise ValueError("save_state(async_save=True) writes the resharding layout (DCP writes in the background); "
+                         "pass layout='resharding', or async_save=False for Accelerate's files")
+    return chosen
 
 
 def _can_save_alone(run: TrainingState, group: Group) -> bool:
@@ -236,44 +267,29 @@ def engine_of(run: TrainingState) -> Any:
 def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list[int],
                       accelerate_safe: bool | None = None) -> tuple[dict, dict]:
     """Write ``rank_<r>.json`` (and ``state.json`` on rank 0); return DCP's flat state dict and a summary.
-    ``accelerate_safe`` not None: also write Accelerate's files (safetensors weights when True).
+    ``accelerate_safe`` not None: the Accelerate layout (safetensors weights when True): Accelerate's files
+    hold the models, optimizers, schedulers, scaler and registered objects, and DCP gets nothing.
 
     The JSON files are fsync'ed later, when the manifest describes them (in the background for an async
     save: the training loop does not wait for the disk)."""
     engine = engine_of(run)
     owned = engine.owns if engine is not None else lambda obj: False
-    kept = [i for i in kept if not owned(run.objects.models[i])]
+    accelerate = accelerate_safe is not None
     flat: dict[str, Any] = {}
-    model_keys = []
-    for i in kept:
-        state = ModelState(run.objects.models[i]).state_dict()
-        flat.update({f"model_{i}.{k}": v for k, v in state.items()})
-        model_keys.append(list(state))
-    optimizers = []
-    for j, prepared in enumerate(run.objects.optimizers):
-        if owned(prepared):
-            optimizers.append({"has_state": False, "engine": True})
-            continue
-        inner = getattr(prepared, "optimizer", prepared)
-        adapter = OptimizerState(inner, optimizer_owner(inner, run.objects.models))
-        if adapter.has_state:
-            flat.update({f"optimizer_{j}.{k}": v for k, v in adapter.state_dict().items()})
-            optimizers.append({"has_state": True})
-        else:  # hyperparameters only (a scheduler may have changed them); no state to shard
-            optimizers.append({"has_state": False, "param_groups": encode(inner.state_dict()["param_groups"])})
-
-    device = run.device
+    rng = capture_rng(run.device)
+    if accelerate:  # the hook-saved models are skipped, as in Accelerate
+        write_accelerate_files(run, folder, group.rank, group.active, kept, rng, bool(accelerate_safe))
+    kept = [i for i in kept if not owned(run.objects.models[i])]
+    model_keys, optimizers = ([], [{"engine": owned(o)} for o in run.objects.optimizers]) if accelerate \
+        else _resharding_parts(run, kept, owned, flat)
     generators = [getattr(loader, "generator", None) for loader in run.objects.dataloaders]
-    rng = capture_rng(device)
-    if accelerate_safe is not None:  # the hook-saved models are skipped, as in Accelerate
-        write_accelerate_files(run, folder, group.rank, group.rank == 0, kept, rng, accelerate_safe)
     write_json(folder / rank_file(group.rank), {
         "rank": group.rank, "rng": encode(rng),
         "loader_generators": [None if g is None else encode(g.get_state()) for g in generators]}, sync=False)
     summary = {"models": kept, "optimizers": len(optimizers), "schedulers": len(run.objects.schedulers),
                "dataloaders": len(run.objects.dataloaders), "custom_objects": len(run.objects.custom_objects),
                "scaler": run.scaler is not None, "step": run.window.step,
-               "iteration": run.project.iteration}
+               "iteration": run.project.iteration, "layout": "accelerate" if accelerate else "resharding"}
     if group.rank != 0:
         return flat, summary
 
@@ -285,31 +301,56 @@ def _write_json_parts(run: TrainingState, group: Group, folder: Path, kept: list
         return store
 
     pickled: list[str] = []
-    custom = [encode(obj.state_dict(), sink(f"custom_{i}"), f"custom_{i}", pickled)
+    custom = [None if accelerate else encode(obj.state_dict(), sink(f"custom_{i}"), f"custom_{i}", pickled)
               for i, obj in enumerate(run.objects.custom_objects)]
+    schedulers = [None if owned(s) or accelerate else encode(s.state_dict(), sink(f"scheduler_{i}"),
+                                                               f"scheduler_{i}", pickled)
+                  for i, s in enumerate(run.objects.schedulers)]
     if pickled:
         warnings.warn(f"save_state(): {', '.join(pickled)} could only be saved with pickle; load_state() will need "
                       "allow_pickle=True to read them back", stacklevel=4)
-    scaler_state = run.scaler.state_dict() if run.scaler is not None else None
+    scaler_state = run.scaler.state_dict() if run.scaler is not None and not accelerate else None
     write_json(folder / STATE_FILE, {
-        "counters": run.counters,
-        "models": kept, "model_keys": model_keys, "optimizers": optimizers,
-        "schedulers": [None if owned(s) else encode(s.state_dict(), sink(f"scheduler_{i}"), f"scheduler_{i}", pickled)
-                       for i, s in enumerate(run.objects.schedulers)],
+        "layout": summary["layout"], "counters": run.counters,
+        "models": kept, "model_keys": model_keys, "optimizers": optimizers, "schedulers": schedulers,
         "scaler": encode(scaler_state) if scaler_state else None,
         "dataloaders": [encode(loader_record(loader)) for loader in run.objects.dataloaders],
         "custom_objects": custom}, sync=False)
     return flat, summary
 
 
+def _resharding_parts(run: TrainingState, kept: list[int], owned: Any,
+                      flat: dict[str, Any]) -> tuple[list[list[str]], list[dict[str, Any]]]:
+    """Put the models' and optimizers' tensors into DCP's ``flat`` dict; return each model's keys and what
+    ``state.json`` records of each optimizer."""
+    model_keys = []
+    for i in kept:
+        state = ModelState(run.objects.models[i]).state_dict()
+        flat.update({f"model_{i}.{k}": v for k, v in state.items()})
+        model_keys.append(list(state))
+    optimizers: list[dict[str, Any]] = []
+    for j, prepared in enumerate(run.objects.optimizers):
+        if owned(prepared):
+            optimizers.append({"has_state": False, "engine": True})
+            continue
+        inner = getattr(prepared, "optimizer", prepared)
+        adapter = OptimizerState(inner, optimizer_owner(inner, run.objects.models))
+        if adapter.has_state:
+            flat.update({f"optimizer_{j}.{k}": v for k, v in adapter.state_dict().items()})
+            optimizers.append({"has_state": True})
+        else:  # hyperparameters only (a scheduler may have changed them); no state to shard
+            optimizers.append({"has_state": False, "param_groups": encode(inner.state_dict()["param_groups"])})
+    return model_keys, optimizers
+
+
 def _describe_own_files(group: Group, folder: Path, metadata: Any,
                         written: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Size and checksum of the files this rank wrote (rank 0 also DCP's metadata and state.json); those of
     the data files come from the writer (``written``), which computed them on the way out."""
-    data_files = sorted({info.relative_path for info in metadata.storage_data.values()})
+    data_files = [] if metadata is None else sorted({info.relative_path for info in metadata.storage_data.values()})
     names = [name for name in data_files if name.startswith(f"__{group.rank}_")] + [rank_file(group.rank)]
     if group.rank == 0:
-        names += [DCP_METADATA, STATE_FILE]
+        names += [STATE_FILE] if metadata is None else [DCP_METADATA, STATE_FILE]
     known = {name: {**written[name], "rank": group.rank} for name in names if name in written}
     return {**known, **describe_many(folder, [name for name in names if name not in known], group.rank)}
 
@@ -333,16 +374,25 @@ def _finish(run: TrainingState, group: Group, temporary: Path, target: Path, tok
         naming.prune(target.parent, project.total_limit, keep=target)
 
 
+def _main_files(folder: Path) -> list[str]:
+    """The files of a published checkpoint that rank 0 (or a save hook) wrote, DCP's data files aside: what
+    the other machines' copies need from it."""
+    files = read_json(folder / MANIFEST)["files"]
+    return [*(name for name, entry in files.items() if entry.get("rank") in (0, None)
+              and not Path(name).name.startswith("__")), MANIFEST]
+
+
 def _replicate(run: TrainingState, group: Group, temporary: Path | None, target: Path, token: str) -> None:
     """``save_on_each_node`` on machines that do not share the folder: rank 0 sends its global files to
     every machine's first process, which publishes that machine's copy (``temporary`` is ``None`` on the
     other ranks). A collective: every rank calls it."""
-    names = [DCP_METADATA, STATE_FILE, MANIFEST]
-    payload = group.broadcast({name: (target / name).read_bytes() for name in names} if group.rank == 0 else None)
+    payload = group.broadcast({name: (target / name).read_bytes() for name in _main_files(target)}
+                              if group.rank == 0 else None)
     error = None
     if temporary is not None:
         try:
             for name, data in payload.items():
+                (temporary / name).parent.mkdir(parents=True, exist_ok=True)
                 with open(temporary / name, "wb") as f:
                     f.write(data)
                     f.flush()

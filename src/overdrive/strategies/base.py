@@ -150,11 +150,14 @@ class EngineCheckpoint(Protocol):
         """Whether the engine saves the state of ``obj`` (a prepared model, optimizer or scheduler)."""
         ...
 
-    def save(self, folder: Path, models: list[nn.Module]) -> None:
-        """Write the engines' state into ``folder`` (still the temporary one); every rank calls it."""
+    def save(self, folder: Path, models: list[nn.Module], accelerate: bool = False) -> None:
+        """Write the engines' state into ``folder`` (still the temporary one), where Accelerate's ``save_state``
+        writes it when ``accelerate``; every rank calls it."""
 
-    def load(self, folder: Path, models: list[nn.Module], allow_pickle: bool = False) -> None:
-        """Restore what ``save`` wrote; every rank calls it."""
+    def load(self, folder: Path, models: list[nn.Module], allow_pickle: bool = False,
+             scheduler_states: bool = True) -> None:
+        """Restore what ``save`` wrote (the engine's scheduler too unless ``scheduler_states`` is False); every
+        rank calls it."""
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """``model``'s full weights on the CPU by the user's names (rank 0 at least); every rank calls it."""

@@ -1,8 +1,9 @@
 """DeepSpeed engines' own checkpoints, inside an overdrive checkpoint folder.
 
 ``save_state`` asks each engine to write its checkpoint (weights, ZeRO partitions of the optimizer, the
-scheduler and the engine's counters, in DeepSpeed's format) under ``<folder>/deepspeed/model_<i>/``
-while the folder is still the temporary one, so the manifest lists and checksums those files too and the
+scheduler and the engine's counters, in DeepSpeed's format) where Accelerate's ``save_state`` has it write:
+``<folder>/pytorch_model[_<i>]/`` and the ``latest`` file (overdrive's resharding layout and earlier
+versions: ``<folder>/deepspeed/model_<i>/``), while the folder is still the temporary one, so the manifest lists and checksums those files too and the
 folder still appears by one rename. ``load_state`` checks the files against the manifest first, then
 lets each engine load its own. DeepSpeed reads its files with pickle (``torch.load(weights_only=False)``):
 before that, every global the files refer to is checked against the few DeepSpeed classes its
@@ -63,25 +64,36 @@ class EngineCheckpoint:
                 return True
         return False
 
-    def save(self, folder: Path, models: list[nn.Module]) -> None:
-        """Every engine's checkpoint into ``folder/deepspeed/model_<i>`` (a collective: call on every rank)."""
-        for index, model in enumerate(models):
-            if is_engine(model):
-                model.save_checkpoint(str(folder / FOLDER), tag=f"model_{index}", save_latest=False)
-
-    def load(self, folder: Path, models: list[nn.Module], allow_pickle: bool = False) -> None:
-        """Load every engine's checkpoint from ``folder`` (a collective)."""
+    def save(self, folder: Path, models: list[nn.Module], accelerate: bool = False) -> None:
+        """Every engine's checkpoint into ``folder/pytorch_model[_<i>]`` as Accelerate names it (``accelerate``),
+        else ``folder/deepspeed/model_<i>`` (a collective: call on every rank)."""
         for index, model in enumerate(models):
             if not is_engine(model):
                 continue
-            tag_folder = folder / FOLDER / f"model_{index}"
+            if accelerate:
+                model.save_checkpoint(str(folder), tag=accelerate_tag(index))
+            else:
+                model.save_checkpoint(str(folder / FOLDER), tag=f"model_{index}", save_latest=False)
+
+    def load(self, folder: Path, models: list[nn.Module], allow_pickle: bool = False,
+             scheduler_states: bool = True) -> None:
+        """Load every engine's checkpoint from ``folder`` (a collective); ``scheduler_states=False`` leaves the
+        engine's scheduler to ``scheduler.bin`` (a scheduler of the script's own, in Accelerate's layout)."""
+        for index, model in enumerate(models):
+            if not is_engine(model):
+                continue
+            root, tag = folder, accelerate_tag(index)
+            if not (root / tag).is_dir():
+                root, tag = folder / FOLDER, f"model_{index}"
+            tag_folder = root / tag
             if not tag_folder.is_dir():
-                raise FileNotFoundError(f"{folder} has no DeepSpeed checkpoint for model {index} ({tag_folder} is "
-                                        "missing); was it saved by a run that prepared the same models with DeepSpeed?")
+                raise FileNotFoundError(f"{folder} has no DeepSpeed checkpoint for model {index} (neither "
+                                        f"{accelerate_tag(index)}/ nor {FOLDER}/model_{index}/); was it saved by a run "
+                                        "that prepared the same models with DeepSpeed?")
             if not allow_pickle:
                 refuse_unknown_globals(tag_folder)
-            path, _ = model.load_checkpoint(str(folder / FOLDER), tag=f"model_{index}", load_module_strict=True,
-                                            load_optimizer_states=True, load_lr_scheduler_states=True)
+            path, _ = model.load_checkpoint(str(root), tag=tag, load_module_strict=True,
+                                            load_optimizer_states=True, load_lr_scheduler_states=scheduler_states)
             if path is None:
                 raise RuntimeError(f"DeepSpeed could not load its checkpoint for model {index} from {tag_folder}")
 
@@ -92,6 +104,11 @@ class EngineCheckpoint:
         if model.zero_optimization_partition_weights():
             return model._zero3_consolidated_16bit_state_dict() or {}
         return {name: tensor.detach().cpu() for name, tensor in model.module.state_dict().items()}
+
+
+def accelerate_tag(index: int) -> str:
+    """The folder Accelerate's ``save_state`` has engine ``index`` write its checkpoint in."""
+    return "pytorch_model" if index == 0 else f"pytorch_model_{index}"
 
 
 def refuse_unknown_globals(folder: Path) -> None:

@@ -1,0 +1,160 @@
+"""Checkpoints cross both ways between overdrive and the REAL Accelerate 1.16.0, each in its own process:
+overdrive's default ``save_state`` folder loads in Accelerate's ``load_state``, and Accelerate's folder loads in
+overdrive's, with DDP (1 and 2 gloo processes), FSDP2 on the CPU (2 processes) and DeepSpeed ZeRO-2, saved in
+the middle of an accumulation window with a registered object: the weights, the optimizer's moments, the
+scheduler, the step count, the registered object and every process's RNG streams (torch, Python, NumPy) come
+back equal. overdrive's own load of its folder is checked the same way.
+
+Accelerate 1.16.0 turns FSDP on for accelerators only and, with DeepSpeed on the CPU, counts one process
+(each rank writes ``random_states_0.pkl``): its FSDP2 run here sets its state's distributed type to FSDP
+after construction, and its DeepSpeed runs use one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.requires("accelerate")]
+ROOT = Path(__file__).resolve().parents[2]
+SRC = str(ROOT / "src")
+NO_SHM_OP = str(ROOT / "tests" / "support" / "no_shm_op")
+
+SCRIPT = """
+import json, os, random, sys
+import numpy as np, torch
+from torch.utils.data import DataLoader, TensorDataset
+folder, framework, mode, strategy = sys.argv[1:5]
+if framework == "accelerate":
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+else:
+    from overdrive import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
+class Counter:
+    def __init__(self): self.count = 0
+    def state_dict(self): return {"count": self.count}
+    def load_state_dict(self, state): self.count = state["count"]
+kwargs = {"cpu": True, "gradient_accumulation_steps": 2}
+if strategy == "fsdp2":
+    kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2)
+elif strategy == "zero2":
+    del kwargs["cpu"]
+    kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config={
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "gradient_clipping": 0.0,
+        "train_batch_size": 4 * 2 * int(os.environ.get("WORLD_SIZE", "1")), "zero_optimization": {"stage": 2}})
+accelerator = Accelerator(**kwargs)
+if strategy == "fsdp2" and framework == "accelerate":  # its Accelerator turns FSDP on for accelerators only
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["fsdp_plugin"] = kwargs["fsdp_plugin"]
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+counter = Counter()
+accelerator.register_for_checkpointing(counter)
+model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, DataLoader(data, batch_size=4))
+rank = accelerator.process_index
+if mode == "save":
+    torch.manual_seed(1 + rank); random.seed(2 + rank); np.random.seed(3 + rank)  # each rank's own streams
+    for i, (x, y) in enumerate(loader):
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y) + 0 * torch.rand(1).sum()
+            accelerator.backward(loss)
+            optimizer.step(); scheduler.step(); optimizer.zero_grad()
+        counter.count += 1
+        if i == 2:  # 3 micro-batches, 2 to a window: in the middle of the second window
+            break
+    accelerator.save_state(folder)
+else:
+    accelerator.load_state(folder)
+def full(t):
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().flatten().tolist()
+engine_optimizer = getattr(model, "optimizer", None)  # a DeepSpeed engine's ZeRO optimizer
+base = engine_optimizer.optimizer if engine_optimizer is not None else getattr(optimizer, "optimizer", optimizer)
+row = {"rank": rank, "params": [full(p) for p in model.parameters()],
+       "exp_avg": [full(s["exp_avg"]) for s in base.state.values()],
+       "lr": scheduler.get_last_lr(), "last_epoch": getattr(scheduler, "scheduler", scheduler).last_epoch,
+       "count": counter.count, "step": accelerator.step, "rand": torch.rand(3).tolist(), "py": random.random(),
+       "np": float(np.random.rand())}
+with open(os.path.join(os.environ["RESULTS"], f"rank{rank}.json"), "w") as f:  # a file per rank: no interleaving
+    json.dump(row, f)
+"""
+
+
+def _run(folder: Path, processes: int, framework: str, mode: str, strategy: str, launcher: bool = False) -> list[dict]:
+    """Each rank's summary after ``mode`` ("save" or "load") of ``folder`` under ``framework``, in rank order."""
+    results = Path(tempfile.mkdtemp(dir=folder.parent))
+    path = [NO_SHM_OP, SRC, *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1", "RESULTS": str(results),
+           "DS_LOG_LEVEL": "error"}
+    for key in [k for k in env if k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "ACCELERATE_"))]:
+        env.pop(key)
+    script = folder.parent / "script.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    run = [] if processes == 1 and not launcher else ["-m", "torch.distributed.run", "--standalone",
+                                                      f"--nproc_per_node={processes}"]
+    proc = subprocess.run([sys.executable, *run, str(script), str(folder), framework, mode, strategy],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, f"{framework} {mode}: {proc.stderr[-4000:]}"
+    assert sorted(os.listdir(results)) == [f"rank{rank}.json" for rank in range(processes)], proc.stdout[-3000:]
+    return [json.loads((results / f"rank{rank}.json").read_text()) for rank in range(processes)]
+
+
+def _both_ways(tmp_path: Path, processes: int, strategy: str, launcher: bool = False) -> set[str]:
+    """overdrive saves -> Accelerate and overdrive load; Accelerate saves -> overdrive loads. Returns the
+    names in overdrive's folder."""
+    ours, theirs = tmp_path / "overdrive_ckpt", tmp_path / "accelerate_ckpt"
+    saved = _run(ours, processes, "overdrive", "save", strategy, launcher)
+    assert saved[0]["step"] > 0 and saved[0]["count"] == 3
+    assert _run(ours, processes, "accelerate", "load", strategy, launcher) == saved
+    assert _run(ours, processes, "overdrive", "load", strategy, launcher) == saved
+    saved = _run(theirs, processes, "accelerate", "save", strategy, launcher)
+    assert _run(theirs, processes, "overdrive", "load", strategy, launcher) == saved
+    return set(os.listdir(ours))
+
+
+ACCELERATE_FILES = {"scheduler.bin", "custom_checkpoint_0.pkl", "random_states_0.pkl"}
+EXTRAS = {"manifest.json", "state.json", "rank_0.json"}  # overdrive's, beside Accelerate's; nothing else
+
+
+def test_ddp_one_process_both_ways(tmp_path):
+    names = _both_ways(tmp_path, 1, "ddp")
+    assert names == {"model.safetensors", "optimizer.bin", *ACCELERATE_FILES, *EXTRAS}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ddp_two_processes_both_ways(tmp_path):
+    names = _both_ways(tmp_path, 2, "ddp")
+    assert names == {"model.safetensors", "optimizer.bin", "random_states_1.pkl", "rank_1.json", *ACCELERATE_FILES,
+                     *EXTRAS}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fsdp2_two_processes_both_ways(tmp_path):
+    names = _both_ways(tmp_path, 2, "fsdp2")
+    assert names == {"pytorch_model_fsdp_0", "optimizer_0", "random_states_1.pkl", "rank_1.json", *ACCELERATE_FILES,
+                     *EXTRAS}  # Accelerate's SHARDED_STATE_DICT folders, as its FSDP2 default writes them
+    for sub in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert sorted(os.listdir(tmp_path / "overdrive_ckpt" / sub)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_deepspeed_zero2_both_ways(tmp_path):
+    names = _both_ways(tmp_path, 1, "zero2", launcher=True)
+    # the engine's own checkpoint where Accelerate has it write it; no model or optimizer file beside it
+    assert {"pytorch_model", "latest", *ACCELERATE_FILES, *EXTRAS} <= names
+    assert not names & {"model.safetensors", "optimizer.bin", "deepspeed"}
