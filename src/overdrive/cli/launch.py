@@ -235,6 +235,8 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
         from overdrive.cli.launch_trackers import tracker_problems
 
         problems += tracker_problems(None if command.module else command.target, command.args)
+    if extra_config.get("ft_lighthouse") and not problems:
+        problems += _lighthouse_problems(str(extra_config["ft_lighthouse"]))
     if problems:
         raise UsageError(problems)
     if device is None:
@@ -260,9 +262,15 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
         worker_config["timeout"] = timeout.value
     if stall.value is not None:
         worker_config["stall_timeout"] = stall.value
+    machines_plan = (num_processes.value, num_machines.value, machine_rank.value, ip.value, min_machines)
+    if extra_config.get("ft_lighthouse"):  # each machine is one replica group: its own torchrun, on itself
+        worker_config.setdefault("ft_replica_group", machine_rank.value)
+        worker_config.setdefault("ft_num_replica_groups", num_machines.value)
+        machines_plan = (local, 1, 0, "127.0.0.1", 1)
+    group_processes, group_machines, group_rank, group_ip, group_min = machines_plan
     plan = LaunchPlan(
-        num_processes=num_processes.value, num_machines=num_machines.value, machine_rank=machine_rank.value,
-        main_process_ip=ip.value, main_process_port=port.value, rdzv_backend=rdzv.value, min_machines=min_machines,
+        num_processes=group_processes, num_machines=group_machines, machine_rank=group_rank,
+        main_process_ip=group_ip, main_process_port=port.value, rdzv_backend=rdzv.value, min_machines=group_min,
         rdzv_conf=rdzv_conf.value or "", max_restarts=restarts.value, monitor_interval=interval.value,
         num_cpu_threads_per_process=threads.value, visible_devices=visible, worker_config=worker_config,
         log_dir=_given(args, "log_dir"), tee=_given(args, "tee"), role=_given(args, "role") or "default",
@@ -275,6 +283,17 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     else:
         cpu_reason = " (the config file asks for the CPU)" if forced_cpu else ""
     return plan, command, _summary(plan, cpu, cpu_reason, device_type, source)
+
+
+def _lighthouse_problems(address: str) -> list[str]:
+    """A fault-tolerant launch is refused when nothing answers at its lighthouse."""
+    from overdrive.cli.lighthouse import check_lighthouse
+
+    why = check_lighthouse(address)
+    if why is None:
+        return []
+    return [f"--ft_lighthouse {address}: no lighthouse answers there ({why}); start one with 'overdrive lighthouse "
+            "--min_replicas N' on a machine every replica group can reach, and give the address it prints"]
 
 
 def _machine_range(machines: Value, problems: list[str]) -> tuple[int, Value]:
