@@ -1,7 +1,8 @@
 """A training loop written for Accelerate, unchanged for fault tolerance (the launch turns it on): AdamW with a
 decaying learning rate on a seeded toy regression. Each step appends ``{"step", "pid", "time", "skipped",
 "lr"}`` to ``OUT/steps_<group>_<rank>.jsonl``; at the end rank 0 saves the weights and the optimizer and
-scheduler states to ``OUT/final_<group>.pt``. ``STEP_SLEEP`` seconds per step give a test time to act.
+scheduler states to ``OUT/final_<group>.pt``
+and the sample indices an evaluation loop gathered (``gather_for_metrics``) to ``OUT/evaluated_<group>.json``. ``STEP_SLEEP`` seconds per step give a test time to act.
 
     overdrive launch --ft_lighthouse http://HOST:PORT --ft_replica_group 0 --ft_num_replica_groups 2 ft_job.py OUT
 """
@@ -48,7 +49,15 @@ def main() -> None:
                                 "loss": loss.item(), "first": inputs[0, 0].item(),
                                 "lr": scheduler.get_last_lr()[0]}) + "\n")
         time.sleep(pause)
+    # an evaluation loop: every group gathers its own shards' predictions; over the groups, each sample once
+    model.eval()
+    evaluation = accelerator.prepare(DataLoader(TensorDataset(torch.arange(10).float().unsqueeze(1)), batch_size=4))
+    seen = []
+    with torch.no_grad():
+        for (index,) in evaluation:
+            seen += accelerator.gather_for_metrics(index).flatten().tolist()
     if accelerator.is_main_process:
+        (out / f"evaluated_{group}.json").write_text(json.dumps(seen))
         unwrapped = accelerator.unwrap_model(model)
         torch.save({"weights": unwrapped.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict()}, out / f"final_{group}.pt")

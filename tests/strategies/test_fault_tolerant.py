@@ -114,6 +114,10 @@ def test_without_faults_two_replica_groups_equal_plain_ddp(tmp_path):
                                    rtol=0, atol=1e-6)
         assert group["scheduler"] == ddp["scheduler"]
     assert "2 group(s) in the first quorum" in (ft_out / "group0.err").read_text()
+    # gather_for_metrics: each group its own shards, every sample once over the groups, as plain DDP gathers
+    evaluated = [json.loads((ft_out / f"evaluated_{g}.json").read_text()) for g in (0, 1)]
+    assert sorted(evaluated[0] + evaluated[1]) == json.loads((ddp_out / "evaluated_0.json").read_text()) \
+        == list(range(10))
 
 
 @pytest.mark.slow
@@ -149,6 +153,7 @@ def test_a_killed_group_drops_out_and_heals_when_launched_again(tmp_path):
     assert len(survivor) == 120 and {s["pid"] for s in survivor} == {survivor[0]["pid"]}  # never restarted
     after = [s["time"] for s in survivor if s["time"] > killed_at]
     assert after and after[0] - killed_at < 30, f"the survivor's next step came {after[0] - killed_at:.1f} s later"
+    print(f"survivor's next step {after[0] - killed_at:.2f} s after the kill")  # docs/machines.md quotes it (-s)
     assert sum(s["skipped"] for s in survivor) <= 1  # at most the step the loss happened in is dropped
     survivor_err, healed_err = (out / "group0.err").read_text(), (out / "group1.err").read_text()
     assert "replica group 1 (machine " in survivor_err and "was lost; the quorum is now 1 group(s)" in survivor_err
@@ -163,6 +168,8 @@ def test_a_killed_group_drops_out_and_heals_when_launched_again(tmp_path):
                                rtol=0, atol=0)
     assert second["scheduler"] == first["scheduler"]
     assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob("checkpoint*"))
+    evaluated = [json.loads((out / f"evaluated_{g}.json").read_text()) for g in (0, 1)]
+    assert sorted(evaluated[0] + evaluated[1]) == list(range(10))  # after the loss and the heal too
 
 
 @pytest.mark.slow
@@ -214,3 +221,33 @@ def test_a_lighthouse_address_that_does_not_answer_is_refused_at_launch(tmp_path
     assert result.returncode == 2
     assert "'lighthouse-host' is not a lighthouse address; give http://HOST:PORT" in result.stderr
     assert not list(tmp_path.glob("steps_*"))  # nothing was started
+
+
+def test_the_lighthouse_command_refuses_bad_values_naming_them(tmp_path):
+    result = overdrive("lighthouse", "--min_replicas", "0", "--bind", "nowhere", env=_env(tmp_path))
+    assert result.returncode == 2
+    assert "--min_replicas 0: give 1 or more" in result.stderr
+    assert "--bind 'nowhere' is not HOST:PORT" in result.stderr
+
+
+def test_each_machine_is_one_replica_group_with_its_own_local_launch(tmp_path, monkeypatch):
+    """``--num_machines 2 --machine_rank 1 --ft_lighthouse``: machine 1 runs its own torchrun of its share of the
+    processes on itself (no rendezvous with machine 0, no --main_process_ip), as replica group 1 of 2."""
+    from overdrive.cli import Parser
+    from overdrive.cli.launch import add_launch_flags, plan_launch
+
+    monkeypatch.setenv("OVERDRIVE_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    server = _lighthouse(min_replicas=1)
+    try:
+        parser = Parser(prog="overdrive launch")
+        add_launch_flags(parser)
+        parser.add_argument("training_script")
+        parser.add_argument("training_script_args", nargs="*")
+        plan, _, _ = plan_launch(parser.parse_args(
+            ["--cpu", "--num_machines", "2", "--machine_rank", "1", "--num_processes", "4", "--ft_lighthouse",
+             _address(server), str(JOB)]))
+    finally:
+        server.shutdown()
+    assert (plan.num_machines, plan.machine_rank, plan.num_processes, plan.main_process_ip) == (1, 0, 2, "127.0.0.1")
+    assert plan.worker_config["ft_replica_group"] == 1 and plan.worker_config["ft_num_replica_groups"] == 2
+    assert plan.worker_config["ft_lighthouse"] == _address(server)

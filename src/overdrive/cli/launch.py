@@ -223,7 +223,9 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     dynamo = _dynamo_backend(args, config, problems)
 
     if not problems and (device is not None or num_processes.source != "default"):
-        _check_together(num_processes, num_machines, machine_rank, ip, problems)
+        # fault-tolerant machines never meet in one rendezvous: each is a replica group on its own
+        fault_tolerant = bool(_given(args, "ft_lighthouse") or config.get("ft_lighthouse"))
+        _check_together(num_processes, num_machines, machine_rank, Value("-", "") if fault_tolerant else ip, problems)
     if min_machines != num_machines.value and rdzv.value == "static":
         problems.append(f"num_machines {min_machines}:{num_machines.value} (from {machines.source}) is elastic: it "
                         f"needs torchrun's dynamic rendezvous: add --rdzv_backend c10d (rdzv_backend static, from "

@@ -127,6 +127,12 @@ class StrategyBase:
         given the data-parallel size and rank; by default those."""
         return num_processes, process_index
 
+    def gathered_remainder(self, remainder: int, total_batch_size: int) -> int:
+        """How many of the samples ``gather_for_metrics`` collects from the last batch are real (not repeated to
+        fill it), given the loader's ``remainder`` over all its shards; by default ``remainder``: the gather
+        reaches every shard."""
+        return remainder
+
     def loader_hook(self) -> Callable[[Any], None] | None:
         """What a prepared data loader calls as each iteration begins (``before_epoch``); None by default."""
         return None

@@ -119,6 +119,12 @@ class FaultTolerantStrategy(DDPStrategy):
         """Every group reads its own shards: the data is split over all groups' processes."""
         return num_processes * self.ft.num_replica_groups, self.ft.replica_group * num_processes + process_index
 
+    def gathered_remainder(self, remainder: int, total_batch_size: int) -> int:
+        """A gather reaches this group's processes only: the real samples of the last batch that are theirs (the
+        shards are in group order, the real samples first)."""
+        share = total_batch_size // self.ft.num_replica_groups
+        return min(max(remainder - self.ft.replica_group * share, 0), share)
+
     def loader_hook(self) -> Callable[[Any], None] | None:
         """The first loader to begin takes the first quorum, so that a healing group starts where the others are."""
         return self._before_epoch
