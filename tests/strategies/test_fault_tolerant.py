@@ -1,7 +1,7 @@
 """Fault-tolerant training through torchft (``--ft_lighthouse``): replica groups launched separately on
 127.0.0.1, each ``overdrive launch`` of the unchanged script tests/scripts/ft_job.py, a real lighthouse.
 
-- no fault: two groups equal plain DDP over the same two processes (one launch of 2);
+- no fault: two groups of two processes equal plain DDP over the same four processes (one launch of 4);
 - one group killed mid-run (every process of its launch, SIGKILL): the other keeps its processes, steps again
   within 30 s and finishes; the killed group launched again heals from the live one over the network (no
   checkpoint) and both end with the same weights and optimizer state;
@@ -93,20 +93,21 @@ def _flat_optimizer(state: dict) -> torch.Tensor:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_without_faults_two_replica_groups_equal_plain_ddp(tmp_path):
-    """Two groups of one process (the lighthouse waits for both) train as DDP over two processes does."""
+    """Two groups of two processes (DDP inside each; the lighthouse waits for both) train as DDP over the same
+    four processes does."""
     server = _lighthouse(min_replicas=2)
     ft_out, ddp_out = tmp_path / "ft", tmp_path / "ddp"
     ft_out.mkdir(), ddp_out.mkdir()
     env = _env(tmp_path, SAMPLES="64")
     try:
-        procs = [_launch(tmp_path, ft_out, g, _address(server), env) for g in (0, 1)]
-        procs.append(_launch(tmp_path, ddp_out, None, None, env, 2))
+        procs = [_launch(tmp_path, ft_out, g, _address(server), env, 2) for g in (0, 1)]
+        procs.append(_launch(tmp_path, ddp_out, None, None, env, 4))
         _wait(procs, 240, tmp_path)
     finally:
         server.shutdown()
     assert [p.returncode for p in procs] == [0, 0, 0], _logs(ft_out) + _logs(ddp_out)
     ddp, groups = _final(ddp_out, 0), [_final(ft_out, g) for g in (0, 1)]
-    assert len(_steps(ft_out, 0)) == len(_steps(ddp_out, 0)) == 8  # 64 samples, 2 x 4 a step
+    assert len(_steps(ft_out, 0)) == len(_steps(ddp_out, 0)) == 4  # 64 samples, 4 x 4 a step
     for group in groups:
         for name, reference in ddp["weights"].items():
             torch.testing.assert_close(group["weights"][name], reference, rtol=0, atol=1e-6)

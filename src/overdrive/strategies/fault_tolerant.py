@@ -237,8 +237,9 @@ class GroupDistributedDataParallel(TorchftDDP):
     """torchft's ``DistributedDataParallel`` for a replica group of several processes: each gradient bucket is
     averaged over the group's processes, then across the groups by the manager."""
 
+    # No annotations: DDP checks them against real classes, and this module's are postponed strings.
     @staticmethod
-    def _comm_hook(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def _comm_hook(state, bucket):  # pyright: ignore[reportIncompatibleMethodOverride]
         buffer = bucket.buffer()
         dist.all_reduce(buffer)
         buffer.div_(world_size())
