@@ -239,7 +239,7 @@ class GroupDistributedDataParallel(TorchftDDP):
 
     # No annotations: DDP checks them against real classes, and this module's are postponed strings.
     @staticmethod
-    def _comm_hook(state, bucket):  # pyright: ignore[reportIncompatibleMethodOverride]
+    def _comm_hook(state, bucket):
         buffer = bucket.buffer()
         dist.all_reduce(buffer)
         buffer.div_(world_size())
