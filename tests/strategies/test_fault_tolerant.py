@@ -151,7 +151,8 @@ def test_a_killed_group_drops_out_and_heals_when_launched_again(tmp_path):
         server.shutdown()
     assert procs[0].returncode == 0 and procs[2].returncode == 0, _logs(out)
     survivor, healed = _steps(out, 0), _steps(out, 1)
-    assert len(survivor) == 120 and {s["pid"] for s in survivor} == {survivor[0]["pid"]}  # never restarted
+    # never restarted (with min_replicas 1 the group that starts second heals at once: it may be either)
+    assert len(survivor) > 60 and {s["pid"] for s in survivor} == {survivor[0]["pid"]}
     after = [s["time"] for s in survivor if s["time"] > killed_at]
     assert after and after[0] - killed_at < 30, f"the survivor's next step came {after[0] - killed_at:.1f} s later"
     print(f"survivor's next step {after[0] - killed_at:.2f} s after the kill")  # docs/machines.md quotes it (-s)
@@ -161,7 +162,7 @@ def test_a_killed_group_drops_out_and_heals_when_launched_again(tmp_path):
     assert "joined; the quorum is now 2 group(s)" in survivor_err
     assert "healed from replica group 0" in healed_err and "(no checkpoint read)" in healed_err
     # the healed group continued at the survivor's data position and ended with it
-    assert 0 < len(healed) < 120 and healed[-1]["lr"] == survivor[-1]["lr"]
+    assert 0 < len(healed) < len(survivor) and healed[-1]["lr"] == survivor[-1]["lr"]
     first, second = _final(out, 0), _final(out, 1)
     for name, weight in first["weights"].items():
         torch.testing.assert_close(second["weights"][name], weight, rtol=0, atol=0)

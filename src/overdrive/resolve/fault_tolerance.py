@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import socket
 from typing import Any
 
 from overdrive.config import DistributedDataParallelKwargs
@@ -46,7 +47,12 @@ def resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, stra
         errors.append(f"ft_replica_group={group} is not below ft_num_replica_groups={groups}; number the replica "
                       f"groups 0 .. {groups - 1} (or raise ft_num_replica_groups)")
     info = process.info
-    store = (info.master_addr, info.master_port) if info.is_distributed or info.agent_store else None
+    store = None
+    if info.is_distributed or info.agent_store:
+        # the other groups reach this group's store at the address torchft hands them: a loopback address
+        # would name their own machine (the store listens on every interface)
+        local = info.master_addr in ("127.0.0.1", "localhost", "::1")
+        store = (socket.gethostname() if local else info.master_addr, info.master_port)
     timeout = process.timeout.total_seconds() if process.timeout is not None else DEFAULT_TIMEOUT_S
     return FaultTolerantSettings(lighthouse=str(address), replica_group=group, num_replica_groups=groups,
                                  store=store, timeout_s=timeout,

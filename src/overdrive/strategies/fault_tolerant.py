@@ -70,7 +70,7 @@ class FaultTolerantStrategy(DDPStrategy):
         store = self.ft.store
         if store is None:  # one process not started by torchrun: the group's store is this process's own
             self._own_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-            store = ("127.0.0.1", self._own_store.port)
+            store = (socket.gethostname(), self._own_store.port)  # (it listens on every interface)
         host = socket.gethostname()
         try:
             manager = Manager(
