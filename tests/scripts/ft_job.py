@@ -2,7 +2,8 @@
 decaying learning rate on a seeded toy regression. Each step appends ``{"step", "pid", "time", "skipped",
 "lr"}`` to ``OUT/steps_<group>_<rank>.jsonl``; at the end rank 0 saves the weights and the optimizer and
 scheduler states to ``OUT/final_<group>.pt``
-and the sample indices an evaluation loop gathered (``gather_for_metrics``) to ``OUT/evaluated_<group>.json``. ``STEP_SLEEP`` seconds per step give a test time to act.
+and the sample indices an evaluation loop gathered (``gather_for_metrics``) to ``OUT/evaluated_<group>.json``. ``STEP_SLEEP`` seconds per step give a test time to act; ``FT_KILL_AT_STEP=N`` kills the
+launch's processes (SIGKILL) in step N, after its forward: the other groups lose it mid-step.
 
     overdrive launch --ft_lighthouse http://HOST:PORT --ft_replica_group 0 --ft_num_replica_groups 2 ft_job.py OUT
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -38,8 +40,11 @@ def main() -> None:
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     group = os.environ.get("OVERDRIVE_FT_REPLICA_GROUP", "0")
     log = out / f"steps_{group}_{accelerator.process_index}.jsonl"
-    for inputs, targets in loader:
+    kill_at = int(os.environ.get("FT_KILL_AT_STEP", "-1"))
+    for step, (inputs, targets) in enumerate(loader):
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        if step == kill_at:  # lost mid-step: this step's quorum counts this group, its average never comes
+            os.killpg(os.getpgid(0), signal.SIGKILL)
         accelerator.backward(loss)
         optimizer.step()
         scheduler.step()

@@ -145,9 +145,7 @@ class FaultTolerantStrategy(DDPStrategy):
         options = {k: v for k, v in self.options.ddp_kwargs().items() if k != "find_unused_parameters"}
         if world_size() > 1:
             _broadcast_from_first(model)  # torchft's DDP makes no broadcast of its own inside a group
-            wrapped: nn.Module = GroupDistributedDataParallel(self.manager, model, **options)
-        else:
-            wrapped = TorchftDDP(self.manager, model, **options)
+        wrapped = ManagedDistributedDataParallel(self.manager, model, **options)
         wrapped.register_forward_pre_hook(self._before_forward)
         return wrapped
 
@@ -233,17 +231,27 @@ class CommittingOptimizer(OptimizerWrapper):
         self._step_ended(committed)
 
 
-class GroupDistributedDataParallel(TorchftDDP):
-    """torchft's ``DistributedDataParallel`` for a replica group of several processes: each gradient bucket is
-    averaged over the group's processes, then across the groups by the manager."""
+class ManagedDistributedDataParallel(TorchftDDP):
+    """torchft's ``DistributedDataParallel`` with a hook that survives a group lost mid-step: each gradient
+    bucket is averaged over this group's processes (when it has several), then across the groups by the
+    manager; when that average fails (a peer was lost), the manager has recorded the error, the step will not be
+    committed, and the bucket keeps its local value instead of ending the backward with an error."""
 
     # No annotations: DDP checks them against real classes, and this module's are postponed strings.
     @staticmethod
     def _comm_hook(state, bucket):
         buffer = bucket.buffer()
-        dist.all_reduce(buffer)
-        buffer.div_(world_size())
-        return TorchftDDP._comm_hook(state, bucket)
+        if world_size() > 1:
+            dist.all_reduce(buffer)
+            buffer.div_(world_size())
+        work = state.allreduce(buffer)
+        future = work.get_future() if work.wait() else None
+        # torchft's managed future wraps the one DDP needs (a work made after an error hands a plain one)
+        inner = getattr(future, "_fut", future)
+        if inner is None:
+            inner = torch.futures.Future()
+            inner.set_result(buffer)
+        return inner
 
 
 def _broadcast_from_first(model: nn.Module) -> None:
