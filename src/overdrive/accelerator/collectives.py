@@ -17,16 +17,18 @@ import overdrive.helpers.ops as ops
 
 if TYPE_CHECKING:
     from overdrive.runtime.mesh import ParallelMesh
+    from overdrive.strategies.base import StrategyBase
     from overdrive.training.prepared import PreparedObjects
     from overdrive.training.state import AcceleratorState, GradientState
 
 
 class CollectiveVerbs:
-    """Accelerate's collective verbs on an object with ``state``, ``mesh``, ``gradient_state`` and
-    ``prepared``."""
+    """Accelerate's collective verbs on an object with ``state``, ``mesh``, ``gradient_state``, ``prepared`` and
+    ``strategy``."""
 
     state: AcceleratorState
     mesh: ParallelMesh
+    strategy: StrategyBase
     gradient_state: GradientState
     prepared: PreparedObjects
     #: raised by ``set_trigger`` on this process, read (and lowered) by ``check_trigger``
@@ -58,9 +60,11 @@ class CollectiveVerbs:
             _warn_padded_stream(loader)
         if not (state.end_of_dataloader and state.remainder > 0):
             return data
+        total = getattr(loader, "total_batch_size", None)
+        remainder = self.strategy.gathered_remainder(state.remainder, total) if total else state.remainder
         if all_tensors and not use_gather_object:
-            return ops.recursively_apply(lambda t: t[: state.remainder], data)
-        return data[: state.remainder]
+            return ops.recursively_apply(lambda t: t[:remainder], data)
+        return data[:remainder]
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """``tensor`` (nested structures too) reduced over every process: ``"sum"``, ``"mean"``, ``"max"``

@@ -180,6 +180,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         self._no_sync_does_nothing = self.strategy.no_sync_does_nothing
         #: what prepare() returned and register_for_checkpointing() added, in order
         self.prepared = PreparedObjects()
+        self.strategy.track_prepared(self.prepared)
         self.flag_tensor: torch.Tensor | None = None
 
     # -- accumulation state (the window owns it) ----------------------------------------------------
@@ -300,7 +301,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         mine = [opt for opt in optimizers if opt.optimizer is scheduler.optimizer or opt is scheduler.optimizer]
         prepared = AcceleratedScheduler(
             scheduler, mine or optimizers, step_with_optimizer=self.plan.step_scheduler_with_optimizer,
-            split_batches=self.split_batches, num_processes=self.data_parallel_size, gradient_state=self.gradient_state)
+            split_batches=self.split_batches, gradient_state=self.gradient_state,
+            # stepped once per data shard, as Accelerate: each shard is one process's share of the batches
+            num_processes=self.strategy.data_place(self.data_parallel_size, self.data_parallel_rank)[0])
         self.prepared.schedulers.append(prepared)
         return prepared
 
@@ -312,9 +315,10 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         from overdrive.data import prepare_data_loader
 
         config = self.dataloader_config
+        num_shards, shard = self.strategy.data_place(self.data_parallel_size, self.data_parallel_rank)
         prepared = prepare_data_loader(
-            data_loader, device=self.device, num_processes=self.data_parallel_size,
-            process_index=self.data_parallel_rank, torch_device_mesh=self.torch_device_mesh,
+            data_loader, device=self.device, num_processes=num_shards,
+            process_index=shard, torch_device_mesh=self.torch_device_mesh,
             split_batches=config.split_batches,
             put_on_device=self.plan.device_placement if device_placement is None else device_placement,
             rng_types=list(self.plan.rng_types), dispatch_batches=config.dispatch_batches,
@@ -322,6 +326,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed,
             non_blocking=config.non_blocking, use_stateful_dataloader=config.use_stateful_dataloader,
             gradient_state=self.gradient_state, exact_resume=config.exact_resume)
+        hook = self.strategy.loader_hook()
+        if hook is not None:
+            prepared.before_epoch = hook
         self.prepared.dataloaders.append(prepared)
         return prepared
 

@@ -36,6 +36,7 @@ _COMMANDS = {
     "doctor": "overdrive.cli.doctor",
     "to-fsdp2": "overdrive.cli.to_fsdp2_cmd",
     "tpu-config": "overdrive.cli.tpu_cmd",
+    "lighthouse": "overdrive.cli.lighthouse",
 }
 
 

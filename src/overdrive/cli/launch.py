@@ -224,7 +224,9 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     dynamo = _dynamo_backend(args, config, problems)
 
     if not problems and (device is not None or num_processes.source != "default"):
-        _check_together(num_processes, num_machines, machine_rank, ip, problems)
+        # fault-tolerant machines never meet in one rendezvous: each is a replica group on its own
+        fault_tolerant = bool(_given(args, "ft_lighthouse") or config.get("ft_lighthouse"))
+        _check_together(num_processes, num_machines, machine_rank, Value("-", "") if fault_tolerant else ip, problems)
     if min_machines != num_machines.value and rdzv.value == "static":
         problems.append(f"num_machines {min_machines}:{num_machines.value} (from {machines.source}) is elastic: it "
                         f"needs torchrun's dynamic rendezvous: add --rdzv_backend c10d (rdzv_backend static, from "
@@ -238,6 +240,8 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
 
         certain, guesses = tracker_problems(None if command.module else command.target, command.args)
         problems += certain
+    if extra_config.get("ft_lighthouse") and not problems:
+        problems += _lighthouse_problems(str(extra_config["ft_lighthouse"]))
     if problems:
         raise UsageError(problems)
     if device is None:
@@ -266,9 +270,15 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
         worker_config["timeout"] = timeout.value
     if stall.value is not None:
         worker_config["stall_timeout"] = stall.value
+    machines_plan = (num_processes.value, num_machines.value, machine_rank.value, ip.value, min_machines)
+    if extra_config.get("ft_lighthouse"):  # each machine is one replica group: its own torchrun, on itself
+        worker_config.setdefault("ft_replica_group", machine_rank.value)
+        worker_config.setdefault("ft_num_replica_groups", num_machines.value)
+        machines_plan = (local, 1, 0, "127.0.0.1", 1)
+    group_processes, group_machines, group_rank, group_ip, group_min = machines_plan
     plan = LaunchPlan(
-        num_processes=num_processes.value, num_machines=num_machines.value, machine_rank=machine_rank.value,
-        main_process_ip=ip.value, main_process_port=port.value, rdzv_backend=rdzv.value, min_machines=min_machines,
+        num_processes=group_processes, num_machines=group_machines, machine_rank=group_rank,
+        main_process_ip=group_ip, main_process_port=port.value, rdzv_backend=rdzv.value, min_machines=group_min,
         rdzv_conf=rdzv_conf.value or "", max_restarts=restarts.value, monitor_interval=interval.value,
         num_cpu_threads_per_process=threads.value, visible_devices=visible, worker_config=worker_config,
         log_dir=_given(args, "log_dir"), tee=_given(args, "tee"), role=_given(args, "role") or "default",
@@ -295,6 +305,17 @@ def _asks_multi_gpu(args: argparse.Namespace, config: dict[str, Any]) -> bool:
         return True
     others = ("use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu")
     return not any(_given(args, name) for name in others) and config.get("distributed_type") == "MULTI_GPU"
+
+
+def _lighthouse_problems(address: str) -> list[str]:
+    """A fault-tolerant launch is refused when nothing answers at its lighthouse."""
+    from overdrive.cli.lighthouse import check_lighthouse
+
+    why = check_lighthouse(address)
+    if why is None:
+        return []
+    return [f"--ft_lighthouse {address}: no lighthouse answers there ({why}); start one with 'overdrive lighthouse "
+            "--min_replicas N' on a machine every replica group can reach, and give the address it prints"]
 
 
 def _machine_range(machines: Value, problems: list[str]) -> tuple[int, Value]:

@@ -33,6 +33,7 @@ from overdrive.config.setting_kinds import (
     GpuIds,
     Int,
     Kind,
+    LighthouseAddress,
     List,
     Mapping,
     Text,
@@ -55,6 +56,7 @@ GROUPS = {
     "compile": "compile (Accelerate's flags; also the config file's dynamo_config keys)",
     "fp8": "fp8 (with --mixed_precision fp8; also the config file's fp8_config keys)",
     "parallelism": "parallelism config (with --use_parallelism_config; also the config file's parallelism_config keys)",
+    "fault_tolerance": "fault-tolerant training over torchft (overdrive's; each launch is one replica group)",
     "other": "other Accelerate flags",
     "megatron": "Megatron-LM (accepted; --use_megatron_lm is refused)",
 }
@@ -332,6 +334,15 @@ SETTINGS: tuple[Setting, ...] = (
       yaml=P + "sp_seq_length_is_variable", flag=True, group="parallelism"),
     S("parallelism_config_sp_attn_implementation", Text(), "sequence parallelism (not supported)",
       yaml=P + "sp_attn_implementation", flag=True, group="parallelism"),
+    # -- fault tolerance (overdrive's: torchft)
+    S("ft_lighthouse", LighthouseAddress(), "train fault-tolerant through the torchft lighthouse at this address "
+      "(started by 'overdrive lighthouse'): a lost replica group drops out of the step and the others go on; a "
+      "relaunched one heals from a live one", yaml=True, env="OVERDRIVE_FT_LIGHTHOUSE", flag=True,
+      group="fault_tolerance"),
+    S("ft_replica_group", Int(minimum=0), "this launch's replica group, 0 .. groups-1 (default: --machine_rank)",
+      yaml=True, env="OVERDRIVE_FT_REPLICA_GROUP", flag=True, group="fault_tolerance"),
+    S("ft_num_replica_groups", Int(minimum=1), "replica groups the data is sharded over (default: --num_machines)",
+      yaml=True, env="OVERDRIVE_FT_NUM_REPLICA_GROUPS", flag=True, group="fault_tolerance"),
     # -- other Accelerate flags and keys
     S("downcast_bf16", Bool(), "TPU bf16 setting; accepted, no effect elsewhere (as in Accelerate)", yaml=True,
       env="ACCELERATE_DOWNCAST_BF16", flag=True, switch=True, group="other"),

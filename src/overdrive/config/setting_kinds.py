@@ -178,6 +178,29 @@ class Text(Kind):
         return "text"
 
 
+class LighthouseAddress(Kind):
+    """A torchft lighthouse's address, ``http://HOST:PORT`` (``HOST:PORT`` is read as that); an IPv6 host
+    in brackets."""
+
+    metavar = "URL"
+
+    def check(self, label: str, value: Any) -> Checked:
+        if value is None:
+            return None, None
+        text = str(value).strip()
+        address = text if "://" in text else f"http://{text}"
+        scheme, _, rest = address.partition("://")
+        host, _, port = rest.rstrip("/").rpartition(":")
+        if scheme in ("http", "https") and host.strip("[]") and "/" not in host and port.isdigit() \
+                and 0 < int(port) < 65536:
+            return f"{scheme}://{host}:{port}", None
+        return value, (f"{label}: {value!r} is not a lighthouse address; give http://HOST:PORT, the address "
+                       "'overdrive lighthouse' prints (e.g. http://10.0.0.1:29510)")
+
+    def describe(self) -> str:
+        return "`http://HOST:PORT`"
+
+
 class GpuIds(Kind):
     """``all`` or a comma-separated list of device ids."""
 

@@ -8,7 +8,7 @@ save and restore its position for an exact mid-epoch resume.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -85,6 +85,10 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
 
     use_stateful_dataloader = False
     base_dataloader = SelfReference()
+
+    #: called with the loader as each iteration begins, before its position is read (a strategy that takes
+    #: part in a quorum there: fault-tolerant training); None: nothing
+    before_epoch: Callable[[Any], None] | None = None
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
         del args, kwargs  # for __init__
@@ -318,6 +322,8 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         return send_to_device(batch, device, non_blocking=self.non_blocking)
 
     def _begin(self) -> int:
+        if self.before_epoch is not None:  # (it may load a state: read nothing before it ran)
+            self.before_epoch(self)
         if self._iterated and not self._epoch_set:
             self._epoch += 1
         self._epoch_set, self._iterated = False, True

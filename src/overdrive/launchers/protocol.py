@@ -15,7 +15,7 @@ LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
 LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"
 #: Every variable of Accelerate's that the resolver reads starts with one of these (a test checks the schema):
 #: without one, the schema (~45 M instructions to import) is not loaded at all.
-ACCELERATE_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_")
+ACCELERATE_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "OVERDRIVE_FT_")
 
 
 def launch_config() -> dict[str, Any]:

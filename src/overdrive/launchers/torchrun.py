@@ -143,6 +143,8 @@ def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
     if not plan.tee:  # stderr goes to a file the launcher copies: stdout joins it, in order (relay.py)
         env[relay.FRAMED_STDOUT_VAR] = "1"
     env.update(plan.visible_devices)
+    if plan.worker_config.get("ft_lighthouse") and "RUST_LOG" not in os.environ and not plan.debug:
+        env["RUST_LOG"] = "warn"  # torchft logs every quorum and commit at its default level (shown with --debug)
     # what Accelerate's launcher exports, for libraries that read it themselves (transformers' TrainingArguments)
     from overdrive.config.accelerate_env import variables_for_workers
 

@@ -8,7 +8,8 @@ is reported at once, each naming the value given and the valid choices. One file
   per setting (``resolve_training``)
 - ``handlers``: the kwargs handlers sorted by kind (``split_kwargs_handlers``)
 - ``plan``: the frozen values it produces (``TrainingPlan`` and each strategy's typed settings)
-- ``parallelism``: the strategy and mesh sizes; ``deepspeed``, ``megatron``: the steps for those plugins
+- ``parallelism``: the strategy and mesh sizes; ``deepspeed``, ``megatron``: the steps for those plugins;
+  ``fault_tolerance``: torchft's replica groups (``--ft_lighthouse``)
 
 Names are imported on first use, so ``PartialState`` loads ``process`` without the rest.
 """
@@ -26,6 +27,7 @@ _EXPORTS = {
     "resolve_process": "overdrive.resolve.process",
     "SingleSettings": "overdrive.resolve.plan",
     "DDPSettings": "overdrive.resolve.plan",
+    "FaultTolerantSettings": "overdrive.resolve.plan",
     "FSDP2Settings": "overdrive.resolve.plan",
     "PipelineStrategySettings": "overdrive.resolve.plan",
     "TrainingPlan": "overdrive.resolve.plan",
@@ -44,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.resolve.parallelism import resolve_parallelism
     from overdrive.resolve.plan import (
         DDPSettings,
+        FaultTolerantSettings,
         FSDP2Settings,
         PipelineStrategySettings,
         SingleSettings,

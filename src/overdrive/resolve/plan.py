@@ -59,6 +59,26 @@ class FSDP2Settings(FrozenValue):
         self._init(locals())
 
 
+class FaultTolerantSettings(FrozenValue):
+    """Data parallel across replica groups through torchft (``--ft_lighthouse``): this process's group, the
+    number of groups the data is sharded over, the lighthouse, the store of this group (None: the strategy
+    starts one: a group of one process not started by torchrun), the time a quorum or a transfer may take,
+    and DDP's own options inside the group."""
+
+    lighthouse: str
+    replica_group: int
+    num_replica_groups: int
+    store: tuple[str, int] | None
+    timeout_s: float
+    options: DistributedDataParallelKwargs
+
+    def __init__(self, lighthouse: str, replica_group: int = 0, num_replica_groups: int = 1,
+                 store: tuple[str, int] | None = None, timeout_s: float = 60.0,
+                 options: DistributedDataParallelKwargs | None = None) -> None:
+        options = DistributedDataParallelKwargs() if options is None else options
+        self._init(locals())
+
+
 #: the settings of a strategy that can wrap a pipeline stage
 StageSettings = SingleSettings | DDPSettings | FSDP2Settings
 
@@ -89,7 +109,8 @@ class PipelineStrategySettings(FrozenValue):
 
 if TYPE_CHECKING:  # (DeepSpeed's module is loaded only for a DeepSpeed run)
     #: the settings of any built-in strategy (``TrainingPlan.strategy_settings``)
-    StrategySettings = SingleSettings | DDPSettings | FSDP2Settings | PipelineStrategySettings | DeepSpeedSettings
+    StrategySettings = (SingleSettings | DDPSettings | FSDP2Settings | PipelineStrategySettings | DeepSpeedSettings
+                        | FaultTolerantSettings)
 
 
 class TrainingPlan(FrozenValue):

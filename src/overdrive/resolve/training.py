@@ -32,7 +32,7 @@ from overdrive.resolve.parallelism import (
     resolve_parallelism,
     strategy_settings,
 )
-from overdrive.resolve.plan import TrainingPlan
+from overdrive.resolve.plan import FaultTolerantSettings, TrainingPlan
 from overdrive.resolve.process import ProcessPlan
 from overdrive.transforms.settings import CompileSettings, ModelTransforms
 
@@ -80,11 +80,15 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     compile_settings = _resolve_compile(dynamo_plugin, dynamo_backend, launched, errors)
     trackers = _resolve_log_with(log_with, (project_config or ProjectConfiguration()).logging_dir, errors)
     _check_dataloader(dataloader_config, errors)
+    fault_tolerant = _resolve_fault_tolerance(launched, process, parallel, deepspeed is not None, handlers, errors)
     if errors:
         raise ValueError("invalid Accelerator settings:\n  - " + "\n  - ".join(errors))
     assert precision is not None
+    strategy, settings = ("deepspeed", deepspeed) if deepspeed is not None else (
+        ("ft_ddp", fault_tolerant) if fault_tolerant is not None
+        else (parallel.strategy, strategy_settings(parallel, handlers.get("ddp"))))
     return TrainingPlan(
-        strategy="deepspeed" if deepspeed is not None else parallel.strategy,
+        strategy=strategy,
         precision=precision,
         accumulation=accumulation,
         dataloader=copy.copy(dataloader_config or DataLoaderConfiguration()),
@@ -98,7 +102,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         init_kwargs=handlers.get("init"),
         project=copy.copy(project_config or ProjectConfiguration()),
         log_with=trackers,
-        strategy_settings=deepspeed if deepspeed is not None else strategy_settings(parallel, handlers.get("ddp")),
+        strategy_settings=settings,
         transforms=_model_transforms(parallel, handlers.get("checkpointing"), compile_settings, precision, fp8),
         dims=parallel.dims,
         uses_mesh=parallel.uses_mesh,
@@ -127,6 +131,17 @@ def _resolve_deepspeed(launched: dict[str, Any], plugin: Any, plugins: Any, mixe
                              explicit_steps=None if steps == 1 else steps,
                              split_batches=bool(dataloader and dataloader.split_batches), others=others, errors=errors,
                              local_rank=local_rank)
+
+
+def _resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, parallel: Parallelism, deepspeed: bool,
+                             handlers: dict[str, Any], errors: list[str]) -> FaultTolerantSettings | None:
+    """torchft's replica groups when the launch config names a lighthouse (``--ft_lighthouse``), else None."""
+    if not launched.get("ft_lighthouse"):
+        return None
+    from overdrive.resolve.fault_tolerance import resolve_fault_tolerance
+
+    strategy = "deepspeed" if deepspeed else parallel.strategy if parallel.pipeline is None else "pipeline"
+    return resolve_fault_tolerance(launched, process, strategy, handlers.get("ddp"), errors)
 
 
 def _check_megatron(plugin: Any, process: ProcessPlan, errors: list[str]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from overdrive.precision.amp import AmpPrecision
     from overdrive.runtime.mesh import ParallelMesh
     from overdrive.training.accumulation import AccumulationWindow
+    from overdrive.training.prepared import PreparedObjects
     from overdrive.training.state import PluginSelection
     from overdrive.transforms.hooks import HookRegistry
     from overdrive.transforms.settings import ModelTransforms
@@ -116,6 +117,26 @@ class StrategyBase:
         default ``optimizer`` as it is: the model path keeps the user's parameters."""
         return optimizer
 
+    def track_prepared(self, prepared: PreparedObjects) -> None:
+        """Called once with the Accelerator's registry of prepared objects, which a strategy that moves the
+        training state between processes reads (fault-tolerant training heals a group from it); by default
+        nothing."""
+
+    def data_place(self, num_processes: int, process_index: int) -> tuple[int, int]:
+        """How many shards a prepared data loader splits the data into and which one this process reads,
+        given the data-parallel size and rank; by default those."""
+        return num_processes, process_index
+
+    def gathered_remainder(self, remainder: int, total_batch_size: int) -> int:
+        """How many of the samples ``gather_for_metrics`` collects from the last batch are real (not repeated to
+        fill it), given the loader's ``remainder`` over all its shards; by default ``remainder``: the gather
+        reaches every shard."""
+        return remainder
+
+    def loader_hook(self) -> Callable[[Any], None] | None:
+        """What a prepared data loader calls as each iteration begins (``before_epoch``); None by default."""
+        return None
+
     # -- gradients ------------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, precision: AmpPrecision, sync_gradients: bool, **kwargs: Any) -> None:
         """Back-propagate ``loss`` (already divided over the accumulation window): by default
@@ -171,6 +192,7 @@ _REGISTRY: dict[str, str | type[StrategyBase]] = {
     "fsdp2": "overdrive.strategies.fsdp2:FSDP2Strategy",
     "deepspeed": "overdrive.strategies.deepspeed:DeepSpeedStrategy",
     "pipeline": "overdrive.strategies.pipeline:PipelineStrategy",
+    "ft_ddp": "overdrive.strategies.fault_tolerant:FaultTolerantStrategy",
 }
 
 

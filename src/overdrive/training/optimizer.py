@@ -56,6 +56,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         # Accelerate's name: scripts and Accelerate's tests read and set it (a step without a scaler leaves it)
         self._is_overflow = False
         self._unscaled = False
+        # an optimizer that may drop a step itself (fault-tolerant training's) says so after each step
+        self._reports_skips = hasattr(optimizer, "step_was_skipped")
 
     # -- delegated state ----------------------------------------------------------------------------
     @property
@@ -123,7 +125,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return None
         self._unscaled = False
         if self.scaler is None:
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+            result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+            if self._reports_skips:
+                self._is_overflow = bool(self.optimizer.step_was_skipped)  # pyright: ignore[reportAttributeAccessIssue]
+            return result
         scale = self.scaler.get_scale()
         result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -133,7 +138,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last ``step()`` was skipped because fp16 gradients overflowed."""
+        """Whether the last ``step()`` was skipped because fp16 gradients overflowed (or, in fault-tolerant
+        training, because the step was not committed)."""
         return self._is_overflow
 
     def __getstate__(self) -> dict[str, Any]:

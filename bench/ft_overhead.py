@@ -1,0 +1,185 @@
+"""The cost of fault-tolerant training (``--ft_lighthouse``): its step time against plain DDP over the same
+processes, and the time a relaunched replica group takes to heal, by model size.
+
+    .venv/bin/python bench/ft_overhead.py                   # 3 rounds, ~4 min on 2 CPU cores
+    .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes 256 1024 2048
+
+Step time: the same loop (an MLP of 4 layers of ``--hidden`` units, AdamW, 64 samples a process a step), run
+as ``overdrive launch --num_processes 2`` (plain DDP) and as two launches of one process each joined by a
+lighthouse (two replica groups); a sample is rank 0's median step time over ``--steps`` steps after 10 warm-up
+steps, the rounds interleaved. Heal: group 0 trains, group 1 is launched once group 0 has stepped, and the
+time and bytes of its heal are read from its report line. Writes a markdown table to stdout and JSON to
+bench/results/ft_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TARGET = 1.05
+
+
+def worker(hidden: int, steps: int, out: str) -> None:
+    """The benchmark loop (run by each launched process)."""
+    import torch
+
+    from overdrive import Accelerator
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(64, hidden), torch.nn.ReLU()]
+    for _ in range(2):
+        layers += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(hidden, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    x, y = torch.randn(64, 64), torch.randn(64, 1)
+    times = []
+    for _ in range(steps + 10):
+        started = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        times.append(time.perf_counter() - started)
+        if os.environ.get("BENCH_STEP_SLEEP"):
+            time.sleep(float(os.environ["BENCH_STEP_SLEEP"]))
+    if accelerator.is_main_process:
+        Path(out).write_text(json.dumps({"median_s": statistics.median(times[10:]),
+                                         "params": sum(p.numel() for p in model.parameters())}))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERDRIVE_", "ACCELERATE_", "MASTER_"))}
+    env.update(PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", RUST_LOG="warn", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _launch(args: list[str], out: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "overdrive.cli", "launch", "--cpu", "--quiet", "--main_process_port",
+               str(_free_port()), *args, __file__, "--worker", *WORKER_ARGS, str(out)]
+    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def _lighthouse(min_replicas: int, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "overdrive.cli", "lighthouse", "--min_replicas",
+                             str(min_replicas), "--bind", f"127.0.0.1:{port}", "--heartbeat_timeout_ms", "2000"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None and "listening" in proc.stdout.readline()
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _ft_flags(address: str, group: int) -> list[str]:
+    return ["--num_processes", "1", "--ft_lighthouse", address, "--ft_replica_group", str(group),
+            "--ft_num_replica_groups", "2"]
+
+
+def step_time(fault_tolerant: bool, folder: Path) -> float:
+    """Rank 0's median step time (s) of one run."""
+    env, out = _env(), folder / f"result_{time.monotonic_ns()}.json"
+    if not fault_tolerant:
+        proc = _launch(["--num_processes", "2"], out, env, folder / "ddp.log")
+        assert proc.wait(600) == 0, (folder / "ddp.log").read_text()[-2000:]
+        return json.loads(out.read_text())["median_s"]
+    lighthouse, address = _lighthouse(2, env)
+    try:
+        procs = [_launch(_ft_flags(address, g), out.with_suffix(f".{g}"), env, folder / f"ft{g}.log")
+                 for g in (0, 1)]
+        for g, proc in enumerate(procs):
+            assert proc.wait(600) == 0, (folder / f"ft{g}.log").read_text()[-2000:]
+    finally:
+        lighthouse.terminate()
+        lighthouse.wait(30)
+    return json.loads(out.with_suffix(".0").read_text())["median_s"]
+
+
+def heal(hidden: int, folder: Path) -> dict[str, float]:
+    """Group 1 launched while group 0 trains: its heal's time (s) and size (MB), read from its report."""
+    env = {**_env(), "BENCH_STEP_SLEEP": "0.05"}
+    lighthouse, address = _lighthouse(1, env)
+    WORKER_ARGS[:] = ["--hidden", str(hidden), "--steps", "600"]
+    try:
+        first = _launch(_ft_flags(address, 0), folder / "heal0.json", env, folder / "heal0.log")
+        deadline = time.monotonic() + 300
+        while "first quorum" not in (folder / "heal0.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        second = _launch(_ft_flags(address, 1), folder / "heal1.json", env, folder / "heal1.log")
+        while "healed from" not in (folder / "heal1.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for proc in (first, second):
+            proc.kill()
+            proc.wait(60)
+    finally:
+        lighthouse.terminate()
+        lighthouse.wait(30)
+    text = (folder / "heal1.log").read_text()
+    found = re.search(r"in ([0-9.]+) s: ([0-9.]+) (B|kB|MB|GB)", text)
+    assert found, text[-2000:]
+    scale = {"B": 1e-6, "kB": 1e-3, "MB": 1.0, "GB": 1e3}[found.group(3)]
+    return {"seconds": float(found.group(1)), "megabytes": float(found.group(2)) * scale}
+
+
+WORKER_ARGS: list[str] = []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--heal-sizes", type=int, nargs="*", default=[256, 1024, 2048])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("out", nargs="?", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.hidden, args.steps, args.out)
+        return
+    results: dict[str, list[float]] = {"ddp": [], "ft": []}
+    heals = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for _ in range(args.rounds):
+            for mode in ("ddp", "ft"):
+                WORKER_ARGS[:] = ["--hidden", str(args.hidden), "--steps", str(args.steps)]
+                results[mode].append(step_time(mode == "ft", folder))
+        for hidden in args.heal_sizes:
+            heals[hidden] = heal(hidden, folder)
+    ddp, ft = statistics.median(results["ddp"]), statistics.median(results["ft"])
+    print(f"| mode | median step (ms), {args.rounds} rounds | per round (ms) |\n|---|---|---|")
+    for mode, value in (("plain DDP, 2 processes", ddp), ("2 replica groups (--ft_lighthouse)", ft)):
+        rounds = ", ".join(f"{1e3 * t:.2f}" for t in results["ddp" if value is ddp else "ft"])
+        print(f"| {mode} | {1e3 * value:.2f} | {rounds} |")
+    print(f"\nfault-tolerant / plain DDP: x{ft / ddp:.3f} (target <= x{TARGET})\n")
+    print("| hidden | heal (s) | sent (MB) |\n|---|---|---|")
+    for hidden, found in heals.items():
+        print(f"| {hidden} | {found['seconds']:.2f} | {found['megabytes']:.2f} |")
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+              "load": os.getloadavg()[0], "hidden": args.hidden, "steps": args.steps, "step_s": results,
+              "ratio": ft / ddp, "heal": heals}
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "ft_overhead.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""Fault-tolerant data parallel through torchft (``--ft_lighthouse``).
+
+Each launch (each machine) is one replica group: its processes train data parallel between them, and the
+groups average their gradients through torchft's ``Manager``, which asks the lighthouse at the start of every
+step which groups take part (the quorum). A group that is lost drops out: the step it was lost in is not
+committed (its batch is dropped, the optimizer and the scheduler do not step) and the others go on at once,
+with no restart and no checkpoint. A group launched again joins the next quorum and heals: a live group
+sends it the weights, the optimizer and scheduler states and the data position over torchft's checkpoint
+transport (nothing is read from disk), and from that step on all groups train together again.
+
+torchft's own pieces do the work: its ``Manager``, its reconfigurable process group, its
+``DistributedDataParallel`` and its ``OptimizerWrapper``. overdrive chooses when a quorum is asked for (at
+the first training forward of a step, or as the first data loader starts, so a group that heals before its
+first batch continues at the live groups' data position), shards the data over all groups, and reports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchft.ddp import DistributedDataParallel as TorchftDDP
+from torchft.manager import Manager
+from torchft.optim import OptimizerWrapper
+from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+from overdrive.resolve import FaultTolerantSettings
+from overdrive.runtime.group import rank, world_size
+from overdrive.strategies.base import StrategyContext
+from overdrive.strategies.ddp import DDPStrategy
+from overdrive.training.prepared import PreparedObjects
+from overdrive.transforms.path import ModelPath, PathStep
+
+
+class LighthouseLost(RuntimeError):
+    """No quorum could be formed: the lighthouse cannot be reached (or answered nothing in time)."""
+
+
+class FaultTolerantStrategy(DDPStrategy):
+    """DDP inside a replica group, torchft's fault-tolerant average across groups (see the module docstring)."""
+
+    name = "ft_ddp"
+    settings_type = FaultTolerantSettings
+
+    def __init__(self, context: StrategyContext, settings: FaultTolerantSettings) -> None:
+        super().__init__(context, settings)  # pyright: ignore[reportArgumentType]  (DDP reads only .options)
+        self.ft = settings
+        self.prepared: PreparedObjects | None = None
+        #: a quorum was taken for the step in progress (closed when the optimizer steps)
+        self.open = False
+        #: the quorum of the step in progress was asked for by a forward, after its batch was drawn
+        self.from_forward = False
+        #: the quorum was asked for as a loader began: loader positions are taken from a healing state
+        self.at_loader_start = False
+        self.reports = QuorumReports(settings, rank() == 0)
+        self.manager = self._start_manager()
+
+    # -- torchft's manager ---------------------------------------------------------------------------
+    def _start_manager(self) -> Manager:
+        timeout = timedelta(seconds=self.ft.timeout_s)
+        group = ProcessGroupGloo(timeout=timeout) if self.device.type == "cpu" else ProcessGroupNCCL(timeout=timeout)
+        store = self.ft.store
+        if store is None:  # one process not started by torchrun: the group's store is this process's own
+            self._own_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            store = (socket.gethostname(), self._own_store.port)  # (it listens on every interface)
+        host = socket.gethostname()
+        try:
+            manager = Manager(
+                pg=group, load_state_dict=self._load_state, state_dict=self._state, min_replica_size=1,
+                use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+                rank=rank(), world_size=world_size(), store_addr=store[0], store_port=store[1],
+                lighthouse_addr=self.ft.lighthouse, replica_id=f"{host}_{self.ft.replica_group}", hostname=host)
+        except Exception as exc:
+            raise LighthouseLost(self._lost_message(exc)) from exc
+        # the quorum's members are read from torchft's client, which the manager keeps no record of
+        manager._client = _ReportingClient(manager._client, self.reports.on_quorum)  # pyright: ignore[reportAttributeAccessIssue]
+        atexit.register(manager.shutdown, wait=False)
+        return manager
+
+    def _lost_message(self, exc: BaseException) -> str:
+        return (f"overdrive: fault-tolerant training could not reach a quorum through the lighthouse at "
+                f"{self.ft.lighthouse} within {self.ft.timeout_s:g} s ({type(exc).__name__}: {exc}); check that "
+                "'overdrive lighthouse' runs there and answers from this machine, then launch this replica group "
+                "again (--timeout sets how long to wait)")
+
+    def start_quorum(self, from_forward: bool) -> None:
+        """Ask the lighthouse which groups take part in this step (heals this group first when it is behind)."""
+        started = time.perf_counter()
+        self.from_forward, self.at_loader_start = from_forward, not from_forward
+        try:
+            self.manager.start_quorum()
+        except Exception as exc:
+            raise LighthouseLost(self._lost_message(exc)) from exc
+        finally:
+            self.at_loader_start = False
+        self.open = True
+        self.reports.after_quorum(time.perf_counter() - started)
+
+    def step_ended(self, committed: bool) -> None:
+        """The optimizer stepped (``committed``) or dropped the step: the next forward asks for a new quorum."""
+        self.open = False
+        if not committed:
+            self.reports.dropped(self.manager.current_step())
+
+    # -- the strategy ---------------------------------------------------------------------------------
+    def track_prepared(self, prepared: PreparedObjects) -> None:
+        """Keep the registry: a healing group receives (and a live one sends) what it holds."""
+        self.prepared = prepared
+
+    def data_place(self, num_processes: int, process_index: int) -> tuple[int, int]:
+        """Every group reads its own shards: the data is split over all groups' processes."""
+        return num_processes * self.ft.num_replica_groups, self.ft.replica_group * num_processes + process_index
+
+    def gathered_remainder(self, remainder: int, total_batch_size: int) -> int:
+        """A gather reaches this group's processes only: the real samples of the last batch that are theirs (the
+        shards are in group order, the real samples first)."""
+        share = total_batch_size // self.ft.num_replica_groups
+        return min(max(remainder - self.ft.replica_group * share, 0), share)
+
+    def loader_hook(self) -> Callable[[Any], None] | None:
+        """The first loader to begin takes the first quorum, so that a healing group starts where the others are."""
+        return self._before_epoch
+
+    def _before_epoch(self, loader: Any) -> None:
+        if not self.reports.quorums:
+            self.start_quorum(from_forward=False)
+
+    def path_overrides(self) -> Mapping[str, PathStep]:
+        """``data_parallel``: torchft's ``DistributedDataParallel`` (averaging across groups)."""
+        return {"data_parallel": self.data_parallel}
+
+    def data_parallel(self, path: ModelPath, model: nn.Module) -> nn.Module:
+        """torchft's ``DistributedDataParallel`` around the model (inside a group of several processes, their
+        average first), and the hook that takes the step's quorum before its first training forward."""
+        if path.evaluation_mode or not any(p.requires_grad for p in model.parameters()):
+            return model
+        options = {k: v for k, v in self.options.ddp_kwargs().items() if k != "find_unused_parameters"}
+        if world_size() > 1:
+            _broadcast_from_first(model)  # torchft's DDP makes no broadcast of its own inside a group
+        wrapped = ManagedDistributedDataParallel(self.manager, model, **options)
+        wrapped.register_forward_pre_hook(self._before_forward)
+        return wrapped
+
+    def _before_forward(self, module: nn.Module, args: Any) -> None:
+        if not self.open and module.training and torch.is_grad_enabled():
+            self.start_quorum(from_forward=True)
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The module inside the data-parallel wrapper."""
+        return model.module if isinstance(model, TorchftDDP) else model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
+        """torchft's optimizer wrapper: the optimizer steps only when every process of the group may commit."""
+        if any(isinstance(opt.optimizer, CommittingOptimizer) for opt in (self.prepared.optimizers if self.prepared
+                                                                          else [])):
+            raise ValueError("fault-tolerant training (--ft_lighthouse) takes one optimizer: each step commits "
+                             "once; combine the parameter groups into one optimizer")
+        return CommittingOptimizer(self.manager, optimizer, self.step_ended)
+
+    # -- what a healing group receives --------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        prepared = self.prepared
+        assert prepared is not None
+        state = {"models": [self.unwrap_model(m).state_dict() for m in prepared.models],
+                 "optimizers": [opt.state_dict() for opt in prepared.optimizers],
+                 "schedulers": [s.state_dict() for s in prepared.schedulers],
+                 "loaders": [self._loader_position(loader) for loader in prepared.dataloaders]}
+        return state
+
+    def _loader_position(self, loader: Any) -> dict[str, Any] | None:
+        """A loader's state, at the start of the step in progress: a forward took this quorum after the step's
+        batch was drawn, so the healing group draws that batch again, with the others."""
+        if not hasattr(loader, "state_dict"):
+            return None
+        position = dict(loader.state_dict())
+        active = getattr(getattr(loader, "gradient_state", None), "active_dataloader", None) is loader
+        if self.from_forward and active and position.get("batches_yielded", 0) > 0:
+            position["batches_yielded"] -= 1
+            position["end_of_dataloader"] = False
+        return position
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        prepared = self.prepared
+        assert prepared is not None
+        for model, weights in zip(prepared.models, state["models"]):
+            self.unwrap_model(model).load_state_dict(weights)
+        for optimizer, values in zip(prepared.optimizers, state["optimizers"]):
+            optimizer.load_state_dict(values)
+        for scheduler, values in zip(prepared.schedulers, state["schedulers"]):
+            scheduler.load_state_dict(values)
+        if self.at_loader_start:  # a loader that is not iterating yet continues at the others' position
+            for loader, position in zip(prepared.dataloaders, state["loaders"]):
+                if position is not None:
+                    loader.load_state_dict(position)
+        self.reports.received_bytes = _nbytes(state)
+
+
+class CommittingOptimizer(OptimizerWrapper):
+    """torchft's ``OptimizerWrapper``: ``step`` steps only when the manager commits the step. The quorum is
+    taken by the model's first training forward of the step, so ``zero_grad`` only zeroes (a script may call it
+    before or after ``step``). ``step_was_skipped`` says whether the last step was dropped (the prepared
+    scheduler then does not step)."""
+
+    def __init__(self, manager: Manager, optimizer: torch.optim.Optimizer,
+                 step_ended: Callable[[bool], None]) -> None:
+        super().__init__(manager, optimizer)
+        self.defaults = optimizer.defaults
+        self.step_was_skipped = False
+        self._step_ended = step_ended
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients (the quorum is taken elsewhere: see the class docstring)."""
+        self.optim.zero_grad(set_to_none)
+
+    def step(self, closure: object = None) -> None:
+        """Step the optimizer when every group member may commit; otherwise drop the step."""
+        if closure is not None:
+            raise ValueError("fault-tolerant training does not take an optimizer closure")
+        committed = self.manager.should_commit()
+        if committed:
+            self.optim.step()
+        self.step_was_skipped = not committed
+        self._step_ended(committed)
+
+
+class ManagedDistributedDataParallel(TorchftDDP):
+    """torchft's ``DistributedDataParallel`` with a hook that survives a group lost mid-step: each gradient
+    bucket is averaged over this group's processes (when it has several), then across the groups by the
+    manager; when that average fails (a peer was lost), the manager has recorded the error, the step will not be
+    committed, and the bucket keeps its local value instead of ending the backward with an error."""
+
+    # No annotations: DDP checks them against real classes, and this module's are postponed strings.
+    @staticmethod
+    def _comm_hook(state, bucket):
+        buffer = bucket.buffer()
+        if world_size() > 1:
+            dist.all_reduce(buffer)
+            buffer.div_(world_size())
+        work = state.allreduce(buffer)
+        future = work.get_future() if work.wait() else None
+        # torchft's managed future wraps the one DDP needs (a work made after an error hands a plain one)
+        inner = getattr(future, "_fut", future)
+        if inner is None:
+            inner = torch.futures.Future()
+            inner.set_result(buffer)
+        return inner
+
+
+def _broadcast_from_first(model: nn.Module) -> None:
+    """The first process's parameters and buffers on every process of the group."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of the tensors in a nested state."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _size(num_bytes: int) -> str:
+    """A byte count for people: ``812 B``, ``12.4 kB``, ``3.10 MB``, ``1.25 GB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.3g} {unit}"
+    return f"{num_bytes} B"
+
+
+class _ReportingClient:
+    """torchft's manager client, passed through; each quorum's answer is handed to ``on_quorum`` as well."""
+
+    def __init__(self, client: Any, on_quorum: Callable[[Any], None]) -> None:
+        self._client, self._on_quorum = client, on_quorum
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._client._quorum(*args, **kwargs)
+        self._on_quorum(result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def _member(replica_id: str) -> tuple[str, str]:
+    """``(group, machine)`` of a quorum member's id (``HOST_GROUP:UUID``)."""
+    name = replica_id.split(":")[0]
+    host, _, group = name.rpartition("_")
+    return group, host
+
+
+class QuorumReports:
+    """The lines a replica group prints (its first process only) as groups leave, join and heal."""
+
+    def __init__(self, settings: FaultTolerantSettings, speaks: bool) -> None:
+        self.settings, self.speaks = settings, speaks
+        #: the quorums seen so far
+        self.quorums = 0
+        self.members: list[str] = []
+        self.heal_source: str | None = None
+        self.received_bytes: int | None = None
+
+    def _say(self, text: str) -> None:
+        if self.speaks:
+            print(f"overdrive: {text}", file=sys.stderr, flush=True)
+
+    def on_quorum(self, result: Any) -> None:
+        """A quorum was answered (torchft's quorum thread)."""
+        members = list(result.replica_ids)
+        size = len(members)
+        if self.quorums == 0:
+            self._say(f"fault-tolerant training through {self.settings.lighthouse}: replica group "
+                      f"{self.settings.replica_group} of {self.settings.num_replica_groups}, {size} group(s) in "
+                      f"the first quorum (step {result.max_step})")
+        for gone in (m for m in self.members if m not in members):
+            group, host = _member(gone)
+            self._say(f"replica group {group} (machine {host}) was lost; the quorum is now {size} group(s) at "
+                      f"step {result.max_step}, training goes on")
+        if self.quorums:
+            for new in (m for m in members if m not in self.members):
+                group, host = _member(new)
+                self._say(f"replica group {group} (machine {host}) joined; the quorum is now {size} group(s) at "
+                          f"step {result.max_step}")
+        if result.heal and result.recover_src_replica_rank is not None:
+            self.heal_source = members[result.recover_src_replica_rank] if result.recover_src_replica_rank < size \
+                else str(result.recover_src_replica_rank)
+        for dst in result.recover_dst_replica_ranks:
+            group, host = _member(members[dst]) if dst < size else (str(dst), "?")
+            self._say(f"sending the training state to replica group {group} (machine {host}), which heals at "
+                      f"step {result.max_step}")
+        self.members, self.quorums = members, self.quorums + 1
+
+    def after_quorum(self, seconds: float) -> None:
+        """The quorum (and a heal) is done, in ``seconds``."""
+        if self.received_bytes is not None and self.heal_source is not None:
+            group, host = _member(self.heal_source)
+            self._say(f"healed from replica group {group} (machine {host}) in {seconds:.2f} s: "
+                      f"{_size(self.received_bytes)} of weights, optimizer and scheduler states received "
+                      "(no checkpoint read)")
+        self.received_bytes = self.heal_source = None
+
+    def dropped(self, step: int) -> None:
+        """A step was not committed (a group was lost during it): its batch is dropped."""
+        self._say(f"step {step} was not committed (a replica group was lost during it): its batch is dropped, "
+                  "the optimizer and the scheduler did not step")

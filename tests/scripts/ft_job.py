@@ -1,0 +1,72 @@
+"""A training loop written for Accelerate, unchanged for fault tolerance (the launch turns it on): AdamW with a
+decaying learning rate on a seeded toy regression. Each step appends ``{"step", "pid", "time", "skipped",
+"lr"}`` to ``OUT/steps_<group>_<rank>.jsonl``; at the end rank 0 saves the weights and the optimizer and
+scheduler states to ``OUT/final_<group>.pt``
+and the sample indices an evaluation loop gathered (``gather_for_metrics``) to ``OUT/evaluated_<group>.json``. ``STEP_SLEEP`` seconds per step give a test time to act; ``FT_KILL_AT_STEP=N`` kills the
+launch's processes (SIGKILL) in step N, after its forward: the other groups lose it mid-step.
+
+    overdrive launch --ft_lighthouse http://HOST:PORT --ft_replica_group 0 --ft_num_replica_groups 2 ft_job.py OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from overdrive import Accelerator
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    samples, batch = int(os.environ.get("SAMPLES", "256")), int(os.environ.get("BATCH", "4"))
+    pause = float(os.environ.get("STEP_SLEEP", "0"))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 8, generator=g)
+    y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(samples, 1, generator=g)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + 0.1 * step))
+
+    accelerator = Accelerator()
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    group = os.environ.get("OVERDRIVE_FT_REPLICA_GROUP", "0")
+    log = out / f"steps_{group}_{accelerator.process_index}.jsonl"
+    kill_at = int(os.environ.get("FT_KILL_AT_STEP", "-1"))
+    for step, (inputs, targets) in enumerate(loader):
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        if step == kill_at:  # lost mid-step: this step's quorum counts this group, its average never comes
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        accelerator.backward(loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        with log.open("a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "time": time.time(), "skipped": optimizer.step_was_skipped,
+                                "loss": loss.item(), "first": inputs[0, 0].item(),
+                                "lr": scheduler.get_last_lr()[0]}) + "\n")
+        time.sleep(pause)
+    # an evaluation loop: every group gathers its own shards' predictions; over the groups, each sample once
+    model.eval()
+    evaluation = accelerator.prepare(DataLoader(TensorDataset(torch.arange(10).float().unsqueeze(1)), batch_size=4))
+    seen = []
+    with torch.no_grad():
+        for (index,) in evaluation:
+            seen += accelerator.gather_for_metrics(index).flatten().tolist()
+    if accelerator.is_main_process:
+        (out / f"evaluated_{group}.json").write_text(json.dumps(seen))
+        unwrapped = accelerator.unwrap_model(model)
+        torch.save({"weights": unwrapped.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict()}, out / f"final_{group}.pt")
+
+
+if __name__ == "__main__":
+    main()
