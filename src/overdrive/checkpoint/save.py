@@ -64,11 +64,7 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
     # chooses model.safetensors or pytorch_model.bin for the Accelerate layout
     if unexpected:
         raise TypeError(f"save_state() got unexpected arguments {sorted(unexpected)}")
-    objects = run.objects
-    if not any((objects.models, objects.optimizers, objects.schedulers, objects.dataloaders, objects.custom_objects)):
-        raise CheckpointError("save_state(): nothing to save: no model, optimizer, scheduler or data loader was "
-                              "prepared and no object registered; call accelerator.prepare(...) (or "
-                              "register_for_checkpointing) first. Nothing was written")
+    # With nothing prepared the checkpoint still holds the random states, as Accelerate's does
     if accelerate_layout:
         check_layout_possible(run)
     background.wait_for_pending_save()  # the previous async save is published first
