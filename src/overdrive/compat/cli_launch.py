@@ -26,13 +26,13 @@ _FLOAT = ("monitor_interval", "gradient_clipping", "megatron_lm_gradient_clippin
 #: not given when the namespace goes back to overdrive launch
 _DEFAULTS: dict[str, Any] = {
     "monitor_interval": 0.1, "max_restarts": 0, "rdzv_backend": "static", "rdzv_conf": "", "tee": "0",
-    "dynamo_mode": "default", "role": "default", "debug": None, "module": None, "no_python": None, "quiet": None,
+    "dynamo_mode": "default", "dynamo_use_dynamic": None, "role": "default", "debug": None, "module": None, "no_python": None, "quiet": None,
     "fsdp_activation_checkpointing": "false", "fsdp_activation_checkpointing_offload": "false",
     "fsdp_cpu_ram_efficient_loading": "true", "fsdp_forward_prefetch": "false", "fsdp_min_num_params": 100000000,
     "fsdp_offload_params": "false", "fsdp_reshard_after_forward": "true", "fsdp_sharding_strategy": "FULL_SHARD",
     "fsdp_sync_module_states": "true", "fsdp_use_orig_params": "true", "fsdp_version": "1",
     "fp8_amax_compute_algo": "most_recent", "fp8_amax_history_len": 1024, "fp8_enable_fsdp_float8_all_gather": 1,
-    "fp8_format": "HYBRID", "fp8_interval": 1, "fp8_margin": 0, "fp8_opt_level": "O2",
+    "fp8_format": "HYBRID", "fp8_interval": 1, "fp8_margin": 0,
     "fp8_override_linear_precision": (False, False, False), "fp8_pad_inner_dim": 1,
     **{f"megatron_lm_{name}": False for name in ("eod_mask_loss", "no_load_optim", "no_save_optim",
                                                  "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d",
@@ -132,17 +132,24 @@ def overdrive_namespace(args: argparse.Namespace) -> argparse.Namespace:
 
 def launch_command(args: argparse.Namespace) -> None:
     """Accelerate's ``launch_command``: run the script as ``overdrive launch`` would with these flags. A bad flag
-    or config file raises ``ValueError`` (listing every problem); a failed run ``subprocess.CalledProcessError``."""
+    or config file raises ``ValueError`` (listing every problem); a failed run ``subprocess.CalledProcessError``
+    whose ``stderr`` is the end of the failed processes' stderr (also its ``__cause__``, as in Accelerate);
+    with ``--quiet``, ``SystemExit(1)`` instead."""
     from overdrive.cli import UsageError
     from overdrive.cli.launch import run
     from overdrive.launchers.config_file import ConfigError
+    from overdrive.launchers.torchrun import last_failure_stderr
 
     try:
         code = run(overdrive_namespace(args))
     except (UsageError, ConfigError) as err:
         raise ValueError(str(err)) from None
     if code:
-        raise subprocess.CalledProcessError(code, ["overdrive", "launch", str(args.training_script)])
+        if getattr(args, "quiet", False):
+            sys.exit(1)
+        stderr = last_failure_stderr()
+        raise subprocess.CalledProcessError(code, ["overdrive", "launch", str(args.training_script)],
+                                            stderr=stderr) from RuntimeError(stderr)
 
 
 def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
@@ -167,7 +174,21 @@ def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespa
     args.dynamo_backend = getattr(args, "dynamo_backend", None) or "no"
     args.num_machines = args.num_machines or 1
     args.use_cpu = bool(getattr(args, "cpu", False) or config.get("use_cpu"))
+    if not config:  # as Accelerate without a config file: one process per device, one on the CPU (--cpu)
+        devices = 0 if args.cpu else _device_count()
+        if args.num_processes is None:
+            args.num_processes = max(devices, 1)
+        if args.debug is None:
+            args.debug = False
+        if not args.multi_gpu and args.num_processes > 1 and devices > 1:
+            args.multi_gpu = True
     return args, (argparse.Namespace(**config) if config else None), from_config
+
+
+def _device_count() -> int:
+    import torch
+
+    return torch.accelerator.device_count() if torch.accelerator.is_available() else 0
 
 
 def _plan_environ(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -188,8 +209,43 @@ def _plan_environ(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """Accelerate's ``prepare_simple_launcher_cmd_env``: the command one process runs and its environment
-    (this process's, plus the variables ``overdrive launch`` exports for ``args``)."""
-    return _plan_environ(args)
+    (this process's, plus the variables ``overdrive launch`` exports for ``args``). With ``mpirun_hostfile``
+    (``mpirun_config`` in the config file) the command starts with Accelerate's ``mpirun`` line."""
+    mpirun = _mpirun_args(args)
+    if not mpirun:
+        return _plan_environ(args)
+    plain = argparse.Namespace(**vars(args))
+    plain.mpirun_hostfile = None  # overdrive launch refuses it: the mpirun line is built here instead
+    command, env = _plan_environ(plain)
+    return [*mpirun, *command], env
+
+
+def _mpirun_args(args: argparse.Namespace) -> list[str]:
+    """Accelerate's ``mpirun`` prefix for ``args.mpirun_hostfile`` (none without one). The MPI program is
+    found through ``accelerate.utils.launch.which`` and its ``subprocess``, looked up when called, so that
+    tests can patch them there as they do with Accelerate."""
+    hostfile = getattr(args, "mpirun_hostfile", None)
+    if hostfile is None:
+        return []
+    import importlib
+
+    launch = importlib.import_module("overdrive.utils.launch")
+    found = [name for name in ("mpirun", "mpiexec") if launch.which(name)]
+    if not found:
+        raise OSError("mpirun or mpiexec were not found: install Intel MPI, Open MPI or MVAPICH, or leave out "
+                      "mpirun_hostfile to start the processes with torchrun")
+    if b"Open MPI" in launch.subprocess.check_output([found[0], "--version"]):
+        names = ("--hostfile", "-n", "--npernode", "--bind-to")
+    else:  # Intel MPI and MVAPICH
+        names = ("-f", "-n", "-ppn", "")
+    processes, machines = getattr(args, "num_processes", None), getattr(args, "num_machines", None)
+    per_machine = str(processes // machines) if processes and machines else "1"
+    line = [found[0], names[0], str(hostfile), names[2], per_machine]
+    if processes:
+        line += [names[1], str(processes)]
+    if names[3]:
+        line += [names[3], "socket"]
+    return line
 
 
 def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
