@@ -156,7 +156,8 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     },
     "overdrive.utils.launch": {
         **_names(_REF, "PrepareForLaunch prepare_deepspeed_cmd_env prepare_sagemager_args_inputs prepare_tpu"),
-        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env _convert_nargs_to_dict"),
+        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env _convert_nargs_to_dict subprocess"),
+        **_names("shutil", "which"),
     },
     "overdrive.utils.megatron_lm": _names(_REF, "AbstractTrainStep BertTrainStep GPTTrainStep T5TrainStep "
                                                 "MegatronLMDummyDataLoader MegatronLMDummyScheduler "
@@ -263,12 +264,16 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.commands.config": _names(_OTHER, "default_config_file load_config_from_file"),
     "overdrive.commands.config.config_args": {**_names(_OTHER, "default_config_file load_config_from_file"),
                                               **_names(_CMD, "BaseConfig ClusterConfig SageMakerConfig")},
-    "overdrive.commands.launch": _names(_CLI, "launch_command_parser launch_command _validate_launch_command"),
+    "overdrive.commands.launch": {
+        **_names(_CLI, "launch_command_parser launch_command _validate_launch_command"),
+        **_names("overdrive.launchers.torchrun", "CHILD_STDERR_CHUNK_SIZE CHILD_STDERR_TAIL_CHUNKS"),
+    },
     "overdrive.commands.env": {**_names(_CMD, "env_command_parser env_command"), **_names("shutil", "which")},
     "overdrive.commands.test": _names(_CMD, "test_command_parser test_command"),
     "overdrive.commands.estimate": _names(_CMD, "estimate_command_parser estimate_command gather_data "
                                                 "add_timm_hub_prefix verify_on_hub"),
-    "overdrive.commands.to_fsdp2": _names(_CMD, "to_fsdp2_command_parser to_fsdp2_command convert_config_to_fsdp2"),
+    "overdrive.commands.to_fsdp2": _names(_CMD, "to_fsdp2_command_parser to_fsdp2_command convert_config_to_fsdp2 "
+                                                 "load_config"),
     "overdrive.commands.tpu": _names(_CMD, "tpu_command_parser tpu_command_launcher"),
     "overdrive.commands.config.default": _names(_OTHER, "write_basic_config"),
     "overdrive.test_utils": _names("overdrive.compat.testing", "RegressionDataset RegressionModel"),
