@@ -22,7 +22,7 @@ pytestmark = pytest.mark.multiprocess
 FLOOD = "import sys\nfor _ in range(20_000):\n    print('x' * 40, file=sys.stderr)\nraise ValueError('the real cause')\n"
 DRIVER = """
 import json, subprocess, sys
-from overdrive.compat.cli_launch import launch_command, launch_command_parser
+from overdrive.compat.cli_launch import launch_command, launch_command_parser, simple_launcher
 from overdrive.launchers.torchrun import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
 argv = ["--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", sys.argv[1]]
 out = {}
@@ -35,6 +35,10 @@ try:
     launch_command(launch_command_parser().parse_args(["--quiet", *argv]))
 except SystemExit as err:
     out["quiet_exit"] = err.code
+try:  # Accelerate's one-process launcher: the child's own stderr, bounded the same way
+    simple_launcher(launch_command_parser().parse_args(argv))
+except subprocess.CalledProcessError as err:
+    out["simple"] = [err.returncode, err.stderr[-200:], len(err.stderr.encode()), str(err.__cause__)[-200:]]
 print("RESULT " + json.dumps(out), flush=True)
 """
 
@@ -51,8 +55,10 @@ def test_a_failed_run_carries_its_stderr_tail_and_quiet_exits_plainly(tmp_path):
     assert out["code"] == 1 and "the real cause" in out["tail"] and "the real cause" in out["cause"]
     assert 0 < len(out["tail"].encode()) <= out["bound"]
     assert out["quiet_exit"] == 1
+    code, end, size, cause = out["simple"]
+    assert code == 1 and "the real cause" in end and "the real cause" in cause and 0 < size <= out["bound"]
     # the workers' stderr still reaches the terminal in full, as it is written
-    assert result.stderr.count("x" * 40) >= 2 * 20_000 and len(result.stderr) > out["bound"]
+    assert result.stderr.count("x" * 40) >= 3 * 20_000 and len(result.stderr) > out["bound"]
 
 
 GRANDCHILD = """

@@ -10,10 +10,23 @@ given (and any value a caller changed) to ``overdrive launch``: the config file 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections import deque
+from contextlib import suppress
 from typing import Any
+
+from overdrive.launchers.torchrun import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
+
+try:  # Accelerate's launcher ends a child's whole tree through psutil (a dependency of Accelerate, not ours)
+    import psutil
+except ImportError:  # pragma: no cover - psutil comes with Accelerate and with most environments
+    psutil = None
 
 #: Accelerate's types for the flags whose values are not text (the rest stay strings, as in Accelerate)
 _INT = ("num_processes", "num_machines", "machine_rank", "main_process_port", "num_cpu_threads_per_process",
@@ -152,6 +165,121 @@ def launch_command(args: argparse.Namespace) -> None:
                                             stderr=stderr) from RuntimeError(stderr)
 
 
+def _served() -> Any:
+    """``accelerate.commands.launch`` as served, where tests patch names (``psutil``, ``prepare_multi_gpu_env``)."""
+    return importlib.import_module("overdrive.commands.launch")
+
+
+def simple_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's ``simple_launcher``: the script in one child process (``prepare_simple_launcher_cmd_env``),
+    its stderr written through as it comes and its end kept: a failure raises ``CalledProcessError`` with
+    that ``stderr`` (``SystemExit(1)`` with ``--quiet``); SIGTERM or Ctrl-C end the child's whole tree and
+    exit with 128 + the signal."""
+    command, env = _served().prepare_simple_launcher_cmd_env(args)
+    _run_child(command, env, bool(getattr(args, "quiet", False)))
+
+
+def _run_child(command: list[str], env: dict[str, str], quiet: bool) -> None:
+    tools = _served().psutil
+    popen = tools.Popen if tools is not None else subprocess.Popen
+    process = popen(command, env=env, stderr=subprocess.PIPE)
+    tail: deque[bytes] = deque(maxlen=CHILD_STDERR_TAIL_CHUNKS)
+
+    def copy_stderr() -> None:
+        while chunk := process.stderr.read1(CHILD_STDERR_CHUNK_SIZE):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.flush()
+            tail.append(chunk)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        sys.exit(128 + signum)
+
+    previous = None
+    reader = None
+    try:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, on_sigterm)
+        copy_stderr()
+        process.wait()
+    except (KeyboardInterrupt, SystemExit) as stop:
+        reader = threading.Thread(target=copy_stderr, daemon=True)  # the child's last words, while it stops
+        reader.start()
+        _end_tree(process, tools)
+        reader.join(timeout=5)
+        if isinstance(stop, KeyboardInterrupt):
+            sys.exit(128 + signal.SIGINT)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if reader is None or not reader.is_alive():
+            process.stderr.close()
+    if process.returncode != 0:
+        if quiet:
+            sys.exit(1)
+        text = b"".join(tail).decode(errors="replace")
+        raise subprocess.CalledProcessError(process.returncode, command, stderr=text) from RuntimeError(text)
+
+
+def _end_tree(process: Any, tools: Any) -> None:
+    """SIGTERM to the child and everything under it (also what left for a session of its own), SIGKILL to
+    what is left after 5 s."""
+    if tools is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        return
+    members = [process]
+    with suppress(tools.NoSuchProcess):
+        members += process.children(recursive=True)
+    alive = members
+    try:
+        for member in members:
+            with suppress(tools.NoSuchProcess):
+                member.terminate()
+        _, alive = tools.wait_procs(members, timeout=5)
+    finally:
+        for member in alive:
+            with suppress(tools.NoSuchProcess):
+                member.kill()
+        tools.wait_procs(alive, timeout=5)
+        process.wait()
+
+
+def multi_gpu_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's ``multi_gpu_launcher``: torchrun, in this process, over ``prepare_multi_gpu_env``'s
+    environment. Ctrl-C exits 130 and a signal 128 + its number (torchrun has stopped the workers); with
+    ``--quiet`` a failed worker's error is printed without the launcher's traceback and exits 1."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from overdrive.helpers.misc import patch_environment
+
+    env = _served().prepare_multi_gpu_env(args)
+    quiet = bool(getattr(args, "quiet", False))
+    script = [args.training_script, *getattr(args, "training_script_args", [])]
+    torchrun_args = torchrun.get_args_parser().parse_args(script)
+    for name, value in vars(args).items():  # the fields prepare_multi_gpu_env filled (nproc_per_node, ...)
+        if name in vars(torchrun_args) and name not in ("training_script", "training_script_args"):
+            setattr(torchrun_args, name, value)
+    try:
+        with patch_environment(**env):
+            torchrun.run(torchrun_args)
+    except KeyboardInterrupt:
+        sys.exit(128 + signal.SIGINT)
+    except SignalException as err:
+        sys.exit(128 + int(err.sigval))
+    except ChildFailedError as err:
+        if not quiet:
+            raise
+        print(err, file=sys.stderr)
+        sys.exit(1)
+
+
 def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
     """Accelerate's ``_validate_launch_command``: ``args`` completed from the config file (flags given win),
     the config read (or None) and whether the mixed precision came from it."""
@@ -195,7 +323,14 @@ def _plan_environ(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     from overdrive.cli.launch import plan_launch
     from overdrive.launchers.torchrun import worker_environ
 
-    plan, command, _ = plan_launch(overdrive_namespace(args))
+    given = overdrive_namespace(args)
+    script = given.training_script
+    missing = not given.module and not given.no_python and script and not os.path.isfile(str(script))
+    if missing:  # Accelerate builds the command without looking for the script: the child reports it
+        given.training_script = __file__
+    plan, command, _ = plan_launch(given)
+    if missing:
+        command = dataclasses.replace(command, target=str(script))
     env = dict(os.environ)
     env.update({k: v for k, v in worker_environ(plan).items() if v is not None})
     env["ACCELERATE_USE_CPU"] = str(bool(getattr(args, "cpu", False) or getattr(args, "use_cpu", False)))

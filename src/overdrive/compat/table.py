@@ -265,7 +265,9 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.commands.config.config_args": {**_names(_OTHER, "default_config_file load_config_from_file"),
                                               **_names(_CMD, "BaseConfig ClusterConfig SageMakerConfig")},
     "overdrive.commands.launch": {
-        **_names(_CLI, "launch_command_parser launch_command _validate_launch_command"),
+        **_names(_CLI, "launch_command_parser launch_command _validate_launch_command simple_launcher "
+                       "multi_gpu_launcher prepare_multi_gpu_env prepare_simple_launcher_cmd_env psutil"),
+        **_names(_ENV, "check_cuda_p2p_ib_support"),
         **_names("overdrive.launchers.torchrun", "CHILD_STDERR_CHUNK_SIZE CHILD_STDERR_TAIL_CHUNKS"),
     },
     "overdrive.commands.env": {**_names(_CMD, "env_command_parser env_command"), **_names("shutil", "which")},
