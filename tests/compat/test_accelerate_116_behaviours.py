@@ -417,3 +417,31 @@ def test_tpu_and_config_helpers_are_served_at_accelerates_paths():
     assert importlib.import_module("overdrive.utils.launch").which is not None
     launch = importlib.import_module("overdrive.commands.launch")
     assert launch.CHILD_STDERR_CHUNK_SIZE * launch.CHILD_STDERR_TAIL_CHUNKS == 512 * 1024
+
+
+def test_optimizer_follows_parameters_a_preparation_replaced():
+    """Accelerate 1.16's test_remap_optimizer_parameters, on overdrive's Accelerator."""
+    from overdrive import Accelerator
+    from overdrive.training.state import AcceleratorState, GradientState
+
+    accelerator = Accelerator(mixed_precision="no")
+    model = torch.nn.Linear(2, 1, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    old_parameter = model.weight
+    old_named = accelerator._get_named_parameters(model)
+    assert old_named == {"weight": old_parameter}
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)  # placement replaces the parameters
+    try:
+        model = accelerator.prepare_model(model)
+        optimizer = accelerator.prepare_optimizer(optimizer)
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    accelerator._remap_optimizer_parameters(old_named, model, optimizer)
+    assert model.weight is not old_parameter and optimizer.param_groups[0]["params"][0] is model.weight
+    before = model.weight.detach().clone()
+    accelerator.backward(model(torch.ones(2, 2)).sum())
+    optimizer.step()
+    torch.testing.assert_close(model.weight, before - 0.2)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
