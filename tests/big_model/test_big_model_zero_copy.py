@@ -138,10 +138,12 @@ def test_zero_copy_model_computes_what_a_copied_one_does(saved: tuple, tmp_path:
 TRUNCATE = """
 import json, os, sys, shutil, torch
 library = {library!r}
+extra = {{}}
 if library == "accelerate":
     import accelerate as library
 else:
     from overdrive import big_model as library
+    extra = {{"offload_in_place": True}}  # disk weights mapped from the checkpoint's shards, as the guard expects
 sys.path.insert(0, {here!r})
 from big_model_helpers import llama_config
 from transformers import LlamaForCausalLM
@@ -149,7 +151,7 @@ folder, tokens = {folder!r}, torch.tensor([[1, 2, 3, 4]])
 with library.init_empty_weights():
     model = LlamaForCausalLM(llama_config(tie=False)).eval()
 model = library.load_checkpoint_and_dispatch(model, folder, device_map={device_map},
-                                             offload_folder=os.path.join(folder, "offload"))
+                                             offload_folder=os.path.join(folder, "offload"), **extra)
 with torch.no_grad():
     before = model(tokens).logits
 # replaced by a new file (what a fresh download or a careful writer does): the old data stays readable

@@ -46,6 +46,10 @@ def test_to_fsdp2_needs_an_output(tmp_path):
     assert result.returncode == 2 and "--output_file PATH, or --overwrite" in result.stderr
 
 
-def test_tpu_config_is_refused_with_the_reason(tmp_path):
+def test_tpu_config_prints_the_gcloud_line_and_names_what_is_missing(tmp_path):
     result = overdrive("tpu-config", "--tpu_name", "pod", "--command", "ls", env=clean_env(tmp_path))
-    assert result.returncode == 2 and "TPUs are not supported" in result.stderr and "overdrive launch" in result.stderr
+    assert result.returncode == 2 and "no tpu_zone: give --tpu_zone" in result.stderr
+    result = overdrive("tpu-config", "--tpu_name", "pod", "--tpu_zone", "z", "--command", "ls", "--debug",
+                       env=clean_env(tmp_path))
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == "Running gcloud compute tpus tpu-vm ssh pod --zone z --command cd /usr/share; ls --worker all\n"

@@ -111,7 +111,7 @@ def test_rarer_variables_read_checked_and_exported(tmp_path):
                                    "ACCELERATE_USE_PARALLELISM_CONFIG": "?"})
     text = str(info.value)
     for name in ("ACCELERATE_TORCH_DEVICE: 'gpu7' is not a torch device", "ACCELERATE_USE_MEGATRON_LM: 'sure'",
-                 "ACCELERATE_FP8_BACKEND: 'fp4' is not valid; choose from AO, TE, MSAMP",
+                 "ACCELERATE_FP8_BACKEND: 'fp4' is not valid; choose from AO, TE",
                  "ACCELERATE_CPU_AFFINITY: '2'", "ACCELERATE_USE_PARALLELISM_CONFIG: '?'"):
         assert name in text
     with pytest.raises(ValueError, match="ACCELERATE_USE_MEGATRON_LM and ACCELERATE_USE_DEEPSPEED are both set"):

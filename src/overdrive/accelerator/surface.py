@@ -52,6 +52,42 @@ class AccelerateSurface:
     def _custom_objects(self) -> list[Any]:
         return self.prepared.custom_objects
 
+    # -- parameters a preparation replaced (Accelerate's private helpers, which its tests call) ------------
+    def _get_named_parameters(self, *args: Any, drop_refs: bool = False) -> dict[str, Any]:
+        """The parameters of the models among ``args`` by name (unwrapped; prefixed with the model's index
+        when there are several); with ``drop_refs``, their data pointers instead of the tensors."""
+        from torch import nn
+
+        from overdrive.helpers.misc import extract_model_from_parallel
+
+        models = [obj for obj in args if isinstance(obj, nn.Module)]
+        named: dict[str, Any] = {}
+        for index, model in enumerate(models):
+            inner = extract_model_from_parallel(model, keep_torch_compile=False)
+            for name, param in inner.named_parameters(prefix=str(index) if len(models) > 1 else ""):
+                named[name] = param.data_ptr() if drop_refs else param
+        return named
+
+    def _remap_optimizer_parameters(self, old_named_params: dict[str, Any], *args: Any) -> None:
+        """Point the optimizers among ``args`` at the parameters their models hold now, where preparation
+        replaced a parameter object (``old_named_params``: ``_get_named_parameters`` before it); their state
+        moves along. Nothing changes when no parameter was replaced."""
+        from torch.optim import Optimizer
+
+        new = self._get_named_parameters(*args)
+        mapping = {id(old): new[name] for name, old in old_named_params.items()
+                   if name in new and old is not new[name]}
+        if not mapping:
+            return
+        for optimizer in (obj for obj in args if isinstance(obj, Optimizer)):
+            for group in optimizer.param_groups:
+                group["params"] = [mapping.get(id(p), p) for p in group["params"]]
+            state = optimizer.state
+            for old_id, param in mapping.items():
+                old = next((p for p in list(state) if id(p) == old_id), None)
+                if old is not None:
+                    state[param] = state.pop(old)
+
     # -- mixed precision --------------------------------------------------------------------------------
     @property
     def native_amp(self) -> bool:

@@ -107,11 +107,12 @@ class _Writer:
 
     def __init__(self, model: nn.Module, device_map: Mapping[str, Any] | None, dtype: torch.dtype | None,
                  keep_in_fp32_modules: list[str] | None, offload_folder: Any, offload_buffers: bool,
-                 state_dict_folder: str | None) -> None:
+                 state_dict_folder: str | None, offload_in_place: bool = False) -> None:
         self.model, self.device_map, self.dtype = model, device_map, dtype
         self.keep, self.offload_folder, self.offload_buffers = keep_in_fp32_modules, offload_folder, offload_buffers
         self.buffers = {name for name, _ in model.named_buffers()}
         self.state_dict_folder = state_dict_folder
+        self.offload_in_place = offload_in_place
         self.offload_index: dict[str, Any] = {}
         self.state_dict_index: dict[str, Any] = {}
 
@@ -146,7 +147,7 @@ class _Writer:
 
     def _offload(self, shard: Shard, name: str, read: Any, dtype: torch.dtype, folder: str, index: dict,
                  copy: bool = False) -> None:
-        if not copy and shard.safetensors is not None:
+        if not copy and self.offload_in_place and shard.safetensors is not None:
             # the checkpoint already holds this weight in a lazily readable form: point at it, copy nothing
             # (the index's dtype makes the reader cast it, as transformers' offload index does)
             index[name] = {"safetensors_file": os.path.abspath(shard.path), "weight_name": name,
@@ -162,16 +163,18 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | os.PathLike[str
                              dtype: torch.dtype | str | None = None, offload_state_dict: bool = False,
                              offload_buffers: bool = False, keep_in_fp32_modules: list[str] | None = None,
                              offload_8bit_bnb: bool = False, strict: bool = False, full_state_dict: bool = True,
-                             broadcast_from_rank0: bool = False) -> None:
+                             broadcast_from_rank0: bool = False, offload_in_place: bool = False) -> None:
     """Load ``checkpoint`` (a file, a sharded folder or its ``*.index.json``) into ``model``, which may be
     on the meta device.
 
     Args:
-        device_map: where each part goes (``"disk"`` parts are written to ``offload_folder``, or indexed in
-            place when the checkpoint is safetensors and no cast is needed). Default: the CPU.
+        device_map: where each part goes (``"disk"`` parts are written to ``offload_folder`` as ``.dat``
+            files, as Accelerate writes them). Default: the CPU.
         dtype: cast floating weights to it, except those under ``keep_in_fp32_modules`` (kept in fp32).
         offload_state_dict: stage the CPU part on disk while loading (lowers peak RAM further).
         strict: refuse checkpoints with missing or unexpected names (shape mismatches are always refused).
+        offload_in_place: overdrive's switch: ``"disk"`` weights of a safetensors checkpoint are not copied;
+            the offload index points into the checkpoint's shards (faster, no second copy on disk).
 
     Every problem (bad map, missing offload folder, corrupt shard, names or shapes that do not match) is
     raised before any weight changes. ``offload_8bit_bnb``, ``full_state_dict`` and
@@ -187,7 +190,8 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | os.PathLike[str
     if offload_folder is not None:
         os.makedirs(offload_folder, exist_ok=True)
     staging = tempfile.mkdtemp(prefix="overdrive-state-") if offload_state_dict else None
-    writer = _Writer(model, device_map, dtype, keep_in_fp32_modules, offload_folder, offload_buffers, staging)
+    writer = _Writer(model, device_map, dtype, keep_in_fp32_modules, offload_folder, offload_buffers, staging,
+                     offload_in_place)
     try:
         for shard in opened.shards:
             # no gc.collect() between shards (Accelerate's habit): nothing here forms reference cycles, so
@@ -216,12 +220,14 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
                                  preload_module_classes: list[str] | None = None, force_hooks: bool = False,
                                  strict: bool = False, full_state_dict: bool = True,
                                  broadcast_from_rank0: bool = False,
-                                 keep_in_fp32_modules: list[str] | None = None) -> nn.Module:
+                                 keep_in_fp32_modules: list[str] | None = None,
+                                 offload_in_place: bool = False) -> nn.Module:
     """Load ``checkpoint`` into ``model`` (usually built under ``init_empty_weights``) and dispatch it.
 
     ``device_map`` is a dict, or ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` / ``"sequential"``
     to plan one from ``max_memory``; ``no_split_module_classes`` names blocks that must stay whole.
-    ``keep_in_fp32_modules`` (not in Accelerate's signature) is passed to ``load_checkpoint_in_model``.
+    ``keep_in_fp32_modules`` and ``offload_in_place`` (not in Accelerate's signature) are passed to
+    ``load_checkpoint_in_model``.
 
     Example:
         >>> with init_empty_weights():
@@ -242,7 +248,7 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     offload_state_dict = bool(offload_state_dict)
     load_checkpoint_in_model(model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
                              offload_state_dict=offload_state_dict, offload_buffers=offload_buffers, strict=strict,
-                             keep_in_fp32_modules=keep_in_fp32_modules)
+                             keep_in_fp32_modules=keep_in_fp32_modules, offload_in_place=offload_in_place)
     if device_map is None:
         return model
     return dispatch_model(model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers,

@@ -48,16 +48,20 @@ def convert_file_size_to_int(size: int | str) -> int:
 
 
 def dtype_byte_size(dtype: torch.dtype | str) -> float:
-    """Bytes per element: ``torch.float32`` -> 4, ``torch.bool`` -> 1/8, ``"int4"`` -> 0.5."""
+    """Bytes per element: ``torch.float32`` -> 4, ``torch.bool`` -> 1/8, ``"int4"`` -> 0.5.
+
+    A ``torch.dtype`` counts its storage (``itemsize``): ``torch.uint4`` takes one byte, as in Accelerate;
+    the packed sizes are for the names (``"int4"``, ``"int2"``, ``CustomDtype``) of quantized weights.
+    """
     if dtype == torch.bool:
         return 1 / 8
-    name = str(dtype).removeprefix("torch.")
+    if isinstance(dtype, torch.dtype):
+        return dtype.itemsize
+    name = str(dtype)
     if name in ("int4", "uint4", "fp4"):
         return 0.5
     if name in ("int2",):
         return 0.25
-    if isinstance(dtype, torch.dtype):
-        return float(dtype.itemsize)
     match = re.search(r"[^\d](\d+)_?", name)
     if match is None:
         raise ValueError(f"dtype {dtype!r} is not a valid dtype (expected a torch.dtype or a name such as "

@@ -71,11 +71,7 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
     """
     if unexpected:
         raise TypeError(f"save_state() got unexpected arguments {sorted(unexpected)}")
-    objects = run.objects
-    if not any((objects.models, objects.optimizers, objects.schedulers, objects.dataloaders, objects.custom_objects)):
-        raise CheckpointError("save_state(): nothing to save: no model, optimizer, scheduler or data loader was "
-                              "prepared and no object registered; call accelerator.prepare(...) (or "
-                              "register_for_checkpointing) first. Nothing was written")
+    # With nothing prepared the checkpoint still holds the random states, as Accelerate's does
     project = run.project
     if async_save is None:
         async_save = bool(getattr(project, "async_save", False))

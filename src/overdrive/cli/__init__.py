@@ -185,13 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     # The subcommand's own parser reads the rest, so its errors name it and its flags.
     args = commands[argv[0]].parse_args(argv[1:])
-    args.command = argv[0]
+    if not hasattr(args, "command"):  # tpu-config has a --command flag of its own (Accelerate's)
+        args.command = argv[0]
     from overdrive.launchers.config_file import ConfigError
 
     try:
         return int(args.run(args) or 0)
     except (UsageError, ConfigError) as err:
-        prog = f"overdrive {args.command}"
+        prog = f"overdrive {argv[0]}"
         if isinstance(err, ConfigError):
             err = UsageError(str(err))
         if len(err.problems) == 1:
@@ -201,5 +202,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
-        print(f"\noverdrive {args.command}: interrupted", file=sys.stderr)
+        print(f"\noverdrive {argv[0]}: interrupted", file=sys.stderr)
         return 130

@@ -6,6 +6,8 @@ functions Accelerate's tests and libraries call, each running the ``overdrive`` 
 from __future__ import annotations
 
 import argparse
+import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,10 +131,29 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
     return convert(config)[0]
 
 
+def load_config(config_file: str) -> dict[str, Any]:
+    """Accelerate's ``to_fsdp2.load_config``: the config file as a mapping (a key given twice keeps its last
+    value, with a warning); an empty file is ``ValueError``."""
+    from overdrive.launchers.config_file import decode_text, load_yaml
+
+    path = Path(config_file)
+    repeated: list[str] = []
+    config = load_yaml(decode_text(path.read_bytes(), path), repeated)
+    for problem in repeated:
+        warnings.warn(f"config file {path}: {problem}; the last value is used", stacklevel=2)
+    if not config:
+        raise ValueError("Config file is empty")
+    return config
+
+
 def to_fsdp2_command(args: argparse.Namespace) -> None:
     """Accelerate's ``to_fsdp2_command``: rewrite the config file. A missing file is ``FileNotFoundError``, a
-    missing ``--output_file`` without ``--overwrite`` ``ValueError``, an existing output ``FileExistsError``."""
-    from overdrive.cli.to_fsdp2_cmd import run
+    missing ``--output_file`` without ``--overwrite`` ``ValueError``, an existing output ``FileExistsError``.
+    The file is read through ``accelerate.commands.to_fsdp2.load_config`` (tests patch it there); what the
+    conversion drops or changes is logged as warnings, as Accelerate's does."""
+    import yaml
+
+    from overdrive.cli.to_fsdp2_cmd import convert
 
     if not Path(args.config_file).exists():
         raise FileNotFoundError(f"Config file `{args.config_file}` not found")
@@ -142,16 +163,27 @@ def to_fsdp2_command(args: argparse.Namespace) -> None:
             raise ValueError("If --overwrite is not set, --output_file must be provided")
         if Path(output).exists():
             raise FileExistsError(f"Output file `{output}` already exists and --overwrite is not set")
-    run(args)
+    config = _module("to_fsdp2").load_config(args.config_file)
+    converted, notes = convert(config)
+    log = logging.getLogger("accelerate.commands.to_fsdp2")
+    for note in notes:
+        if note.startswith("fsdp_config already says fsdp_version: 2"):
+            log.warning("Config already specifies FSDP2, skipping conversion... (%s)", note)
+        elif note.startswith("the file has no fsdp_config"):
+            log.info(note)
+        else:
+            log.warning(note)
+    Path(output or args.config_file).write_text(yaml.safe_dump(converted, sort_keys=True))
 
 
 def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """Accelerate's ``tpu_command_parser``: ``overdrive tpu-config``'s flags (the command is refused)."""
+    """Accelerate's ``tpu_command_parser``: ``overdrive tpu-config``'s flags."""
     return _sub_parser("overdrive.cli.tpu_cmd", "tpu-config", subparsers)
 
 
 def tpu_command_launcher(args: argparse.Namespace) -> None:
-    """Accelerate's ``tpu_command_launcher``: refused (TPUs are not supported), raising ``ValueError``."""
+    """Accelerate's ``tpu_command_launcher``: print the ``gcloud`` command that sets up the pod (``Running ...``,
+    Accelerate's ``--debug`` line); it is not run. Missing commands or a bad version raise ``ValueError``."""
     from overdrive.cli import UsageError
     from overdrive.cli.tpu_cmd import run
 
@@ -236,3 +268,27 @@ class SageMakerConfig(BaseConfig):
     additional_args: dict | None = None
     dynamo_config: dict | None = None
     enable_cpu_affinity: bool = False
+
+
+def config_record(data: dict[str, Any]) -> BaseConfig:
+    """A checked launch config (``launchers.config_file.load_config``) as Accelerate's record: ``SageMakerConfig``
+    for ``compute_environment: AMAZON_SAGEMAKER``, else ``ClusterConfig``. Keys of overdrive's schema that the
+    record has no field for are kept as attributes."""
+    import dataclasses
+
+    values = dict(data)
+    sagemaker = str(values.get("compute_environment") or "LOCAL_MACHINE").upper() == "AMAZON_SAGEMAKER"
+    kind: type[BaseConfig] = SageMakerConfig if sagemaker else ClusterConfig
+    values.setdefault("compute_environment", "LOCAL_MACHINE")
+    values.setdefault("distributed_type", "NO")
+    if values["distributed_type"] == "NO":
+        values.setdefault("num_processes", 1)
+    values.setdefault("mixed_precision", None)
+    values.setdefault("use_cpu", False)
+    values.setdefault("debug", False)
+    names = {f.name for f in dataclasses.fields(kind)}
+    record = kind(**{k: v for k, v in values.items() if k in names})
+    for key, value in values.items():
+        if key not in names:
+            setattr(record, key, value)
+    return record

@@ -10,10 +10,23 @@ given (and any value a caller changed) to ``overdrive launch``: the config file 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections import deque
+from contextlib import suppress
 from typing import Any
+
+from overdrive.launchers.torchrun import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
+
+try:  # Accelerate's launcher ends a child's whole tree through psutil (a dependency of Accelerate, not ours)
+    import psutil
+except ImportError:  # pragma: no cover - psutil comes with Accelerate and with most environments
+    psutil = None
 
 #: Accelerate's types for the flags whose values are not text (the rest stay strings, as in Accelerate)
 _INT = ("num_processes", "num_machines", "machine_rank", "main_process_port", "num_cpu_threads_per_process",
@@ -26,13 +39,13 @@ _FLOAT = ("monitor_interval", "gradient_clipping", "megatron_lm_gradient_clippin
 #: not given when the namespace goes back to overdrive launch
 _DEFAULTS: dict[str, Any] = {
     "monitor_interval": 0.1, "max_restarts": 0, "rdzv_backend": "static", "rdzv_conf": "", "tee": "0",
-    "dynamo_mode": "default", "role": "default", "debug": None, "module": None, "no_python": None, "quiet": None,
+    "dynamo_mode": "default", "dynamo_use_dynamic": None, "role": "default", "debug": None, "module": None, "no_python": None, "quiet": None,
     "fsdp_activation_checkpointing": "false", "fsdp_activation_checkpointing_offload": "false",
     "fsdp_cpu_ram_efficient_loading": "true", "fsdp_forward_prefetch": "false", "fsdp_min_num_params": 100000000,
     "fsdp_offload_params": "false", "fsdp_reshard_after_forward": "true", "fsdp_sharding_strategy": "FULL_SHARD",
     "fsdp_sync_module_states": "true", "fsdp_use_orig_params": "true", "fsdp_version": "1",
     "fp8_amax_compute_algo": "most_recent", "fp8_amax_history_len": 1024, "fp8_enable_fsdp_float8_all_gather": 1,
-    "fp8_format": "HYBRID", "fp8_interval": 1, "fp8_margin": 0, "fp8_opt_level": "O2",
+    "fp8_format": "HYBRID", "fp8_interval": 1, "fp8_margin": 0,
     "fp8_override_linear_precision": (False, False, False), "fp8_pad_inner_dim": 1,
     **{f"megatron_lm_{name}": False for name in ("eod_mask_loss", "no_load_optim", "no_save_optim",
                                                  "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d",
@@ -132,17 +145,139 @@ def overdrive_namespace(args: argparse.Namespace) -> argparse.Namespace:
 
 def launch_command(args: argparse.Namespace) -> None:
     """Accelerate's ``launch_command``: run the script as ``overdrive launch`` would with these flags. A bad flag
-    or config file raises ``ValueError`` (listing every problem); a failed run ``subprocess.CalledProcessError``."""
+    or config file raises ``ValueError`` (listing every problem); a failed run ``subprocess.CalledProcessError``
+    whose ``stderr`` is the end of the failed processes' stderr (also its ``__cause__``, as in Accelerate);
+    with ``--quiet``, ``SystemExit(1)`` instead."""
     from overdrive.cli import UsageError
     from overdrive.cli.launch import run
     from overdrive.launchers.config_file import ConfigError
+    from overdrive.launchers.torchrun import last_failure_stderr
 
     try:
         code = run(overdrive_namespace(args))
     except (UsageError, ConfigError) as err:
         raise ValueError(str(err)) from None
     if code:
-        raise subprocess.CalledProcessError(code, ["overdrive", "launch", str(args.training_script)])
+        if getattr(args, "quiet", False):
+            sys.exit(1)
+        stderr = last_failure_stderr()
+        raise subprocess.CalledProcessError(code, ["overdrive", "launch", str(args.training_script)],
+                                            stderr=stderr) from RuntimeError(stderr)
+
+
+def _served() -> Any:
+    """``accelerate.commands.launch`` as served, where tests patch names (``psutil``, ``prepare_multi_gpu_env``)."""
+    return importlib.import_module("overdrive.commands.launch")
+
+
+def simple_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's ``simple_launcher``: the script in one child process (``prepare_simple_launcher_cmd_env``),
+    its stderr written through as it comes and its end kept: a failure raises ``CalledProcessError`` with
+    that ``stderr`` (``SystemExit(1)`` with ``--quiet``); SIGTERM or Ctrl-C end the child's whole tree and
+    exit with 128 + the signal."""
+    command, env = _served().prepare_simple_launcher_cmd_env(args)
+    _run_child(command, env, bool(getattr(args, "quiet", False)))
+
+
+def _run_child(command: list[str], env: dict[str, str], quiet: bool) -> None:
+    tools = _served().psutil
+    popen = tools.Popen if tools is not None else subprocess.Popen
+    process = popen(command, env=env, stderr=subprocess.PIPE)
+    tail: deque[bytes] = deque(maxlen=CHILD_STDERR_TAIL_CHUNKS)
+
+    def copy_stderr() -> None:
+        while chunk := process.stderr.read1(CHILD_STDERR_CHUNK_SIZE):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.flush()
+            tail.append(chunk)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        sys.exit(128 + signum)
+
+    previous = None
+    reader = None
+    try:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, on_sigterm)
+        copy_stderr()
+        process.wait()
+    except (KeyboardInterrupt, SystemExit) as stop:
+        reader = threading.Thread(target=copy_stderr, daemon=True)  # the child's last words, while it stops
+        reader.start()
+        _end_tree(process, tools)
+        reader.join(timeout=5)
+        if isinstance(stop, KeyboardInterrupt):
+            sys.exit(128 + signal.SIGINT)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if reader is None or not reader.is_alive():
+            process.stderr.close()
+    if process.returncode != 0:
+        if quiet:
+            sys.exit(1)
+        text = b"".join(tail).decode(errors="replace")
+        raise subprocess.CalledProcessError(process.returncode, command, stderr=text) from RuntimeError(text)
+
+
+def _end_tree(process: Any, tools: Any) -> None:
+    """SIGTERM to the child and everything under it (also what left for a session of its own), SIGKILL to
+    what is left after 5 s."""
+    if tools is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        return
+    members = [process]
+    with suppress(tools.NoSuchProcess):
+        members += process.children(recursive=True)
+    alive = members
+    try:
+        for member in members:
+            with suppress(tools.NoSuchProcess):
+                member.terminate()
+        _, alive = tools.wait_procs(members, timeout=5)
+    finally:
+        for member in alive:
+            with suppress(tools.NoSuchProcess):
+                member.kill()
+        tools.wait_procs(alive, timeout=5)
+        process.wait()
+
+
+def multi_gpu_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's ``multi_gpu_launcher``: torchrun, in this process, over ``prepare_multi_gpu_env``'s
+    environment. Ctrl-C exits 130 and a signal 128 + its number (torchrun has stopped the workers); with
+    ``--quiet`` a failed worker's error is printed without the launcher's traceback and exits 1."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from overdrive.helpers.misc import patch_environment
+
+    env = _served().prepare_multi_gpu_env(args)
+    quiet = bool(getattr(args, "quiet", False))
+    script = [args.training_script, *getattr(args, "training_script_args", [])]
+    torchrun_args = torchrun.get_args_parser().parse_args(script)
+    for name, value in vars(args).items():  # the fields prepare_multi_gpu_env filled (nproc_per_node, ...)
+        if name in vars(torchrun_args) and name not in ("training_script", "training_script_args"):
+            setattr(torchrun_args, name, value)
+    try:
+        with patch_environment(**env):
+            torchrun.run(torchrun_args)
+    except KeyboardInterrupt:
+        sys.exit(128 + signal.SIGINT)
+    except SignalException as err:
+        sys.exit(128 + int(err.sigval))
+    except ChildFailedError as err:
+        if not quiet:
+            raise
+        print(err, file=sys.stderr)
+        sys.exit(1)
 
 
 def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
@@ -167,14 +302,35 @@ def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespa
     args.dynamo_backend = getattr(args, "dynamo_backend", None) or "no"
     args.num_machines = args.num_machines or 1
     args.use_cpu = bool(getattr(args, "cpu", False) or config.get("use_cpu"))
+    if not config:  # as Accelerate without a config file: one process per device, one on the CPU (--cpu)
+        devices = 0 if args.cpu else _device_count()
+        if args.num_processes is None:
+            args.num_processes = max(devices, 1)
+        if args.debug is None:
+            args.debug = False
+        if not args.multi_gpu and args.num_processes > 1 and devices > 1:
+            args.multi_gpu = True
     return args, (argparse.Namespace(**config) if config else None), from_config
+
+
+def _device_count() -> int:
+    import torch
+
+    return torch.accelerator.device_count() if torch.accelerator.is_available() else 0
 
 
 def _plan_environ(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     from overdrive.cli.launch import plan_launch
     from overdrive.launchers.torchrun import worker_environ
 
-    plan, command, _ = plan_launch(overdrive_namespace(args))
+    given = overdrive_namespace(args)
+    script = given.training_script
+    missing = not given.module and not given.no_python and script and not os.path.isfile(str(script))
+    if missing:  # Accelerate builds the command without looking for the script: the child reports it
+        given.training_script = __file__
+    plan, command, _ = plan_launch(given)
+    if missing:
+        command = dataclasses.replace(command, target=str(script))
     env = dict(os.environ)
     env.update({k: v for k, v in worker_environ(plan).items() if v is not None})
     env["ACCELERATE_USE_CPU"] = str(bool(getattr(args, "cpu", False) or getattr(args, "use_cpu", False)))
@@ -188,8 +344,43 @@ def _plan_environ(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """Accelerate's ``prepare_simple_launcher_cmd_env``: the command one process runs and its environment
-    (this process's, plus the variables ``overdrive launch`` exports for ``args``)."""
-    return _plan_environ(args)
+    (this process's, plus the variables ``overdrive launch`` exports for ``args``). With ``mpirun_hostfile``
+    (``mpirun_config`` in the config file) the command starts with Accelerate's ``mpirun`` line."""
+    mpirun = _mpirun_args(args)
+    if not mpirun:
+        return _plan_environ(args)
+    plain = argparse.Namespace(**vars(args))
+    plain.mpirun_hostfile = None  # overdrive launch refuses it: the mpirun line is built here instead
+    command, env = _plan_environ(plain)
+    return [*mpirun, *command], env
+
+
+def _mpirun_args(args: argparse.Namespace) -> list[str]:
+    """Accelerate's ``mpirun`` prefix for ``args.mpirun_hostfile`` (none without one). The MPI program is
+    found through ``accelerate.utils.launch.which`` and its ``subprocess``, looked up when called, so that
+    tests can patch them there as they do with Accelerate."""
+    hostfile = getattr(args, "mpirun_hostfile", None)
+    if hostfile is None:
+        return []
+    import importlib
+
+    launch = importlib.import_module("overdrive.utils.launch")
+    found = [name for name in ("mpirun", "mpiexec") if launch.which(name)]
+    if not found:
+        raise OSError("mpirun or mpiexec were not found: install Intel MPI, Open MPI or MVAPICH, or leave out "
+                      "mpirun_hostfile to start the processes with torchrun")
+    if b"Open MPI" in launch.subprocess.check_output([found[0], "--version"]):
+        names = ("--hostfile", "-n", "--npernode", "--bind-to")
+    else:  # Intel MPI and MVAPICH
+        names = ("-f", "-n", "-ppn", "")
+    processes, machines = getattr(args, "num_processes", None), getattr(args, "num_machines", None)
+    per_machine = str(processes // machines) if processes and machines else "1"
+    line = [found[0], names[0], str(hostfile), names[2], per_machine]
+    if processes:
+        line += [names[1], str(processes)]
+    if names[3]:
+        line += [names[3], "socket"]
+    return line
 
 
 def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:

@@ -15,16 +15,6 @@ from overdrive.compat.cli_commands import _sub_parser
 from overdrive.config.compile import DynamoBackend
 
 
-def __getattr__(name: str) -> Any:
-    # ``accelerate.commands.launch.psutil`` (tests patch its Popen there): imported when first read, psutil
-    # being an optional package of overdrive's
-    if name == "psutil":
-        import importlib
-
-        return importlib.import_module("psutil")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # -- the entry points: `python -m accelerate.commands.<name>` and the `accelerate` console script ------------------
 
 
@@ -240,16 +230,6 @@ def _launch(args: argparse.Namespace) -> None:
     launch_command(args)
 
 
-def simple_launcher(args: argparse.Namespace) -> None:
-    """Run the script of a parsed ``launch`` namespace (one process, or an MPI host file's): ``overdrive launch``."""
-    _launch(args)
-
-
-def multi_gpu_launcher(args: argparse.Namespace) -> None:
-    """Run the script of a parsed ``launch`` namespace on several processes: ``overdrive launch``."""
-    _launch(args)
-
-
 def deepspeed_launcher(args: argparse.Namespace) -> None:
     """Run the script of a parsed ``launch --use_deepspeed`` namespace: ``overdrive launch``."""
     _launch(args)
@@ -302,17 +282,6 @@ def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config: str 
 
 
 # -- accelerate.commands.to_fsdp2 -------------------------------------------------------------------------------------
-
-
-def load_config(config_file: str) -> dict[str, Any]:
-    """A launch config file's YAML as a dict; an empty file is ``ValueError``."""
-    import yaml
-
-    with open(config_file) as handle:
-        config = yaml.safe_load(handle)
-    if not config:
-        raise ValueError("Config file is empty")
-    return config
 
 
 def _key_mapping() -> dict[str, Any]:

@@ -60,6 +60,3 @@ TORCH_DISTRIBUTED_OPERATION_TYPES = CUDA_DISTRIBUTED_TYPES + ["MULTI_NPU", "MULT
                                                               "MULTI_XPU", "MULTI_CPU", "MULTI_HPU"]
 SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
                                           torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d, torch.nn.Linear)
-# the launcher keeps the last CHUNK_SIZE x TAIL_CHUNKS bytes (512 KiB) of a failed child's stderr for its error
-CHILD_STDERR_CHUNK_SIZE = 8192
-CHILD_STDERR_TAIL_CHUNKS = 64

@@ -211,16 +211,16 @@ default_config_file = _default_config_file()
 
 
 def load_config_from_file(config_file: str | os.PathLike | None = None) -> Any:
-    """The launch config (``config_file``, else the default one) as an object with attribute access."""
-    from types import SimpleNamespace
-
+    """The launch config (``config_file``, else the default one) as Accelerate's record of it: a
+    ``ClusterConfig``, or a ``SageMakerConfig`` for ``compute_environment: AMAZON_SAGEMAKER``."""
+    from overdrive.compat.cli_commands import config_record
     from overdrive.launchers import config_file as cf
 
     source = cf.find_config(config_file)
     if source.path is None or not source.path.is_file():
         raise FileNotFoundError(f"no launch config file at {config_file or source.describe()}; "
                                 "write one with 'overdrive config' or write_basic_config()")
-    return SimpleNamespace(**cf.load_config(source.path))
+    return config_record(cf.load_config(source.path))
 
 
 def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None) -> Path | bool:

@@ -8,6 +8,8 @@ model is left as it was, and kept as ``_orig_mod``); the DeepSpeed and FSDP2 for
 
 from __future__ import annotations
 
+import copy
+import functools
 from types import MethodType
 from typing import Any, TypeGuard, cast
 
@@ -44,20 +46,44 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
 
 def _compile_regions(module: nn.Module, compile_kwargs: dict[str, Any]) -> nn.Module:
     if is_repeated_blocks(module):
-        return nn.ModuleList([cast(nn.Module, torch.compile(block, **compile_kwargs)) for block in module])
+        return nn.ModuleList([_compile_block(block, compile_kwargs) for block in module])
     if not has_repeated_blocks(module):
         return cast(nn.Module, torch.compile(module, **compile_kwargs))
-    copy = type(module).__new__(type(module))
-    copy.__dict__.update(module.__dict__)
-    for name, value in list(copy.__dict__.items()):
-        # a method bound to the original (model.forward = MethodType(...)) would run on the original's
-        # uncompiled children: bind it to the copy
-        if isinstance(value, MethodType) and value.__self__ is module:
-            copy.__dict__[name] = MethodType(value.__func__, copy)
-    copy._modules = {}
+    twin = type(module).__new__(type(module))
+    twin.__dict__.update(module.__dict__)
+    _rebind(module, twin)
+    twin._modules = {}
     for name, child in module.named_children():
-        copy.add_module(name, _compile_regions(child, compile_kwargs))
-    return copy
+        twin.add_module(name, _compile_regions(child, compile_kwargs))
+    return twin
+
+
+def _compile_block(block: nn.Module, compile_kwargs: dict[str, Any]) -> nn.Module:
+    """``torch.compile`` over a shallow copy of ``block`` whose own call is compiled too: a block that wraps
+    its ``__call__`` (activation checkpointing, as transformers' ``GradientCheckpointingLayer``) makes the
+    outer graph break, and the inner compiled call is what still runs compiled (as in Accelerate)."""
+    twin = copy.copy(block)
+    _rebind(block, twin)
+    twin.compile(**compile_kwargs)
+    return cast(nn.Module, torch.compile(twin, **compile_kwargs))
+
+
+def _rebind(module: nn.Module, twin: nn.Module) -> None:
+    """Methods and partials bound to ``module`` (``model.forward = MethodType(...)``, a hook's partial) would
+    run on the original's state (its children, its training flag): bind them to ``twin``."""
+    def rebind(value: Any) -> Any:
+        if isinstance(value, MethodType) and value.__self__ is module:
+            return MethodType(value.__func__, twin)
+        if isinstance(value, functools.partial):
+            args = tuple(twin if arg is module else arg for arg in value.args)
+            keywords = {key: twin if arg is module else arg for key, arg in value.keywords.items()}
+            rebound = functools.partial(rebind(value.func), *args, **keywords)
+            rebound.__dict__.update(value.__dict__)
+            return rebound
+        return value
+
+    for name, value in list(twin.__dict__.items()):
+        twin.__dict__[name] = rebind(value)
 
 
 def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> None:

@@ -168,8 +168,9 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     "overdrive.utils.launch": {
         **_names(_REF, "prepare_sagemager_args_inputs prepare_tpu"),
         **_names(_INT, "PrepareForLaunch prepare_deepspeed_cmd_env"),
-        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env _convert_nargs_to_dict"),
+        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env _convert_nargs_to_dict subprocess"),
         **_names(_SURF, "env_var_path_add prepare_extend_env_parallelism_config setup_fp8_env"),
+        **_names("shutil", "which"),
     },
     "overdrive.utils.megatron_lm": {
         **_names(_REF, "AbstractTrainStep BertTrainStep GPTTrainStep T5TrainStep MegatronLMDummyDataLoader "
@@ -313,14 +314,14 @@ NAMES: dict[str, dict[str, str]] = {
         "description": f"{_MOD}:update_description"},
     "overdrive.commands.launch": {
         **_names(_CLI, "launch_command_parser launch_command _validate_launch_command"),
-        **_names(_MOD, "CustomHelpFormatter FORMAT clean_option options_to_group simple_launcher "
-                       "multi_gpu_launcher deepspeed_launcher"),
+        **_names(_MOD, "CustomHelpFormatter FORMAT clean_option options_to_group deepspeed_launcher"),
         **_names(_REF, "sagemaker_launcher tpu_launcher tpu_pod_launcher"),
-        **_names(_K, "CHILD_STDERR_CHUNK_SIZE CHILD_STDERR_TAIL_CHUNKS DEEPSPEED_MULTINODE_LAUNCHERS "
-                     "TORCH_DYNAMO_MODES"),
-        "logger": f"{_SURF}:launch_logger", "main": f"{_MOD}:launch_main", "psutil": f"{_MOD}:psutil",
+        **_names(_K, "DEEPSPEED_MULTINODE_LAUNCHERS TORCH_DYNAMO_MODES"),
+        **_names("overdrive.launchers.torchrun", "CHILD_STDERR_CHUNK_SIZE CHILD_STDERR_TAIL_CHUNKS"),
+        "logger": f"{_SURF}:launch_logger", "main": f"{_MOD}:launch_main",
         # what Accelerate's launch module imports, so that scripts and tests can patch them there
-        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env"),
+        **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env simple_launcher multi_gpu_launcher "
+                       "psutil"),
         **_names(_INT, "PrepareForLaunch prepare_deepspeed_cmd_env"),
         **_names(_REF, "prepare_sagemager_args_inputs prepare_tpu"),
         **_names(_ENV, "check_cuda_p2p_ib_support convert_dict_to_env_variables str_to_bool get_int_from_env"),
@@ -342,7 +343,7 @@ NAMES: dict[str, dict[str, str]] = {
         **_names(f"{_BM}.estimate", "create_empty_model"), "main": f"{_MOD}:estimate_main"},
     "overdrive.commands.to_fsdp2": {
         **_names(_CMD, "to_fsdp2_command_parser to_fsdp2_command convert_config_to_fsdp2"),
-        **_names(_MOD, "ARGUMENT_KEY_MAPPING ARGUMENT_VALUE_MAPPING load_config"),
+        **_names(_MOD, "ARGUMENT_KEY_MAPPING ARGUMENT_VALUE_MAPPING"), **_names(_CMD, "load_config"),
         **_names("overdrive.compat.kinds", "ConversionStatus"), "logger": f"{_SURF}:to_fsdp2_logger"},
     "overdrive.commands.tpu": {**_names(_CMD, "tpu_command_parser tpu_command_launcher"), "main": f"{_MOD}:tpu_main"},
     "overdrive.commands.config.default": {

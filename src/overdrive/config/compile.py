@@ -99,6 +99,9 @@ class TorchDynamoPlugin:
             self.backend = os.environ["ACCELERATE_DYNAMO_BACKEND"]
         if self.mode is None and "ACCELERATE_DYNAMO_MODE" in os.environ:
             self.mode = os.environ["ACCELERATE_DYNAMO_MODE"]
+        # left unset unless `launch --dynamo_use_dynamic` exported it: torch.compile then keeps its own default
+        if self.dynamic is None and "ACCELERATE_DYNAMO_USE_DYNAMIC" in os.environ:
+            self.dynamic = os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"].strip().lower() in ("1", "true", "yes", "y", "on")
 
 
 #: TorchDynamoPlugin().to_dict() in an empty environment

@@ -145,6 +145,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
                  gradient_state: GradientState | None = None, exact_resume: bool = False,
                  **dataloader_kwargs: Any) -> None:
         accelerate_keywords = {k: dataloader_kwargs.pop(k) for k in _ACCELERATE_KEYWORDS if k in dataloader_kwargs}
+        non_blocking = bool(accelerate_keywords.get("_non_blocking", non_blocking))
         _check_index(num_processes, process_index)
         dataset, dataloader_kwargs = _dispatch_inputs(dataset, dataloader_kwargs, num_processes, split_batches)
         self._base.__init__(self, dataset, **dataloader_kwargs)

@@ -138,7 +138,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         iteration = kwargs.pop("iteration", 0)
         if iteration:
             self.set_epoch(iteration)
-        for name in ("use_stateful_dataloader", "_drop_last", "torch_device_mesh", "_non_blocking"):
+        # Accelerate's loaders carry the wrapped loader's drop_last as given; it outlives skip_first_batches
+        self._given_drop_last: bool | None = kwargs.pop("_drop_last", None)
+        for name in ("use_stateful_dataloader", "torch_device_mesh", "_non_blocking"):
             kwargs.pop(name, None)
 
     def _base_iter(self) -> Iterator[Any]:
@@ -223,7 +225,23 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
 
     @property
     def _drop_last(self) -> bool:
+        given = getattr(self, "_given_drop_last", None)
+        if given is not None:
+            return bool(given)
         return bool(getattr(self._shard, "drop_last", getattr(self, "drop_last", False)))
+
+    @_drop_last.setter
+    def _drop_last(self, value: bool) -> None:
+        self._given_drop_last = bool(value)
+
+    @property
+    def _non_blocking(self) -> bool:
+        """Accelerate's name for ``non_blocking``."""
+        return self.non_blocking
+
+    @_non_blocking.setter
+    def _non_blocking(self, value: bool) -> None:
+        self.non_blocking = bool(value)
 
     @property
     def remainder(self) -> int:

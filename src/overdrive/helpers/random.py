@@ -95,10 +95,10 @@ def _set_state(name: str, state: torch.Tensor, generator: torch.Generator | None
         _device_module(name).set_rng_state(state)
 
 
-def synchronize_rng_state(rng_type: Any = None, generator: torch.Generator | None = None) -> None:
-    """Give every process rank 0's state of one RNG: ``"torch"`` (the default), an accelerator's
-    (``"cuda"``, ``"xpu"``, ...) or ``"generator"`` (the ``generator`` passed). A no-op without a process
-    group of two or more processes.
+def synchronize_rng_state(rng_type: Any, generator: torch.Generator | None = None) -> None:
+    """Give every process rank 0's state of one RNG: ``"torch"``, an accelerator's (``"cuda"``, ``"xpu"``,
+    ...: its device type) or ``"generator"`` (the ``generator`` passed); a name or an ``RNGType``. A no-op
+    without a process group of two or more processes.
     """
     name = _rng_name(rng_type)
     if not is_distributed():

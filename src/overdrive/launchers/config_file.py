@@ -13,8 +13,10 @@ none of those exists, Accelerate's own default file is read (``$HF_HOME/accelera
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +89,8 @@ def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
         dynamo = dict(config.get("dynamo_config") or {})
         dynamo.setdefault("dynamo_backend", backend)
         config["dynamo_config"] = dynamo
+    if config.get("distributed_type") is False:  # an unquoted NO, which YAML 1.1 reads as false
+        config["distributed_type"] = "NO"
     return config
 
 
@@ -126,17 +130,22 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(path, ["the file does not exist"]) from None
     except OSError as exc:
         raise ConfigError(path, [f"cannot be read ({exc.strerror})"]) from None
+    repeated: list[str] = []
     try:
         if path.suffix == ".json":
-            raw = json.loads(text, object_pairs_hook=_unique_json_keys) if text.strip() else {}
+            hook = functools.partial(_last_json_key_wins, repeated=repeated)
+            raw = json.loads(text, object_pairs_hook=hook) if text.strip() else {}
         else:
-            raw = load_yaml(text)
+            raw = load_yaml(text, repeated)
     except ConfigError:
         raise
-    except ValueError as exc:  # json.JSONDecodeError, or a key given twice
+    except ValueError as exc:  # json.JSONDecodeError
         raise ConfigError(path, [f"is not valid JSON: {exc}"]) from None
     except Exception as exc:  # yaml.YAMLError: says where
         raise ConfigError(path, [f"is not valid YAML: {exc}"]) from None
+    for problem in repeated:  # Accelerate reads such files, the last value winning: so does overdrive, saying so
+        warnings.warn(f"config file {path}: {problem}; the last value is used, as Accelerate does: keep one",
+                      stacklevel=2)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -190,18 +199,19 @@ def decode_text(data: bytes, path: Path) -> str:
                                  "decoded): a config file must be YAML or JSON saved as UTF-8"]) from None
 
 
-def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _last_json_key_wins(pairs: list[tuple[str, Any]], repeated: list[str]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise ValueError(f"the key {key!r} appears twice in one object; keep one")
+            repeated.append(f"the key {key!r} appears twice in one object")
         seen[key] = value
     return seen
 
 
-def load_yaml(text: str) -> Any:
-    """``yaml.safe_load``, refusing a key given twice in one mapping and documents whose aliases expand
-    to more than ``MAX_YAML_VALUES`` values (both checked on the node graph, before anything is built)."""
+def load_yaml(text: str, repeated: list[str] | None = None) -> Any:
+    """``yaml.safe_load`` (a key given twice in one mapping keeps its last value, as in PyYAML), refusing
+    documents whose aliases expand to more than ``MAX_YAML_VALUES`` values (checked on the node graph,
+    before anything is built). Each repeated key is described in ``repeated``, with its lines."""
     import yaml
 
     loader = yaml.SafeLoader(text)
@@ -209,13 +219,13 @@ def load_yaml(text: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        _check_nodes(node)
+        _check_nodes(node, repeated if repeated is not None else [])
         return loader.construct_document(node)
     finally:
         loader.dispose()
 
 
-def _check_nodes(root: Any) -> None:
+def _check_nodes(root: Any, repeated: list[str]) -> None:
     import yaml
 
     sizes: dict[int, int] = {}
@@ -230,8 +240,8 @@ def _check_nodes(root: Any) -> None:
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
                     if key.value in seen:
-                        raise yaml.YAMLError(f"the key {key.value!r} appears twice in one mapping (lines "
-                                             f"{seen[key.value] + 1} and {key.start_mark.line + 1}); keep one")
+                        repeated.append(f"the key {key.value!r} appears twice in one mapping (lines "
+                                        f"{seen[key.value] + 1} and {key.start_mark.line + 1})")
                     seen[key.value] = key.start_mark.line
                 total += size(key) + size(value)
         elif isinstance(node, yaml.SequenceNode):

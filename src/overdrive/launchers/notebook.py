@@ -120,7 +120,9 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
     import torch
 
     if str(mixed_precision).lower() not in MIXED_PRECISION:
-        raise ValueError(invalid_choice(f"mixed_precision={mixed_precision!r}", mixed_precision, MIXED_PRECISION))
+        # Accelerate's opening words, which callers match, then overdrive's choices and nearest one
+        raise ValueError("Unknown mixed_precision mode: " + invalid_choice(f"mixed_precision={mixed_precision!r}",
+                                                                          mixed_precision, MIXED_PRECISION))
     if rdzv_backend not in RDZV_BACKENDS:
         raise ValueError(invalid_choice(f"rdzv_backend={rdzv_backend!r}", rdzv_backend, RDZV_BACKENDS))
     cpu = not torch.accelerator.is_available()

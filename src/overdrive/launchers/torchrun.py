@@ -31,6 +31,18 @@ from typing import Any, TextIO
 from overdrive.launchers import relay
 from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, LAUNCHER_PID_VAR, encode_launch_config
 
+#: the end of the failed workers' stderr kept for the error a failed launch raises (Accelerate's bound:
+#: the last CHILD_STDERR_TAIL_CHUNKS chunks of CHILD_STDERR_CHUNK_SIZE bytes, 512 KiB)
+CHILD_STDERR_CHUNK_SIZE = 8192
+CHILD_STDERR_TAIL_CHUNKS = 64
+_last_failure = {"stderr": ""}
+
+
+def last_failure_stderr() -> str:
+    """The end of the failed workers' stderr (first failure first) of this process's last launch that failed
+    (at most ``CHILD_STDERR_CHUNK_SIZE * CHILD_STDERR_TAIL_CHUNKS`` bytes); "" after a launch that did not."""
+    return _last_failure["stderr"]
+
 
 class LaunchError(RuntimeError):
     """Processes started by a launcher failed; ``exit_code`` is what the launching command returns."""
@@ -235,6 +247,7 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
         print("overdrive launch: torchrun " + " ".join(argv), file=sys.stderr, flush=True)
     args = torchrun.get_args_parser().parse_args(argv)
     copier = StderrCopier(log_dir) if not plan.tee else None
+    _last_failure["stderr"] = ""
     try:
         with patched_environ(worker_environ(plan)), quiet_torchelastic(plan.debug), RestartReporter.attached(plan):
             if copier:
@@ -243,6 +256,7 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
         return 0
     except ChildFailedError as err:
         _stop(copier)  # the workers' last stderr lines first, then the report
+        _last_failure["stderr"] = failed_stderr_tail(err.failures, log_dir)
         report, code = describe_failures(err.failures, log_dir, plan.max_restarts, shown=True)
         print(report, file=sys.stderr, flush=True)
         if not command.as_accelerate and not command.no_python and any(
@@ -250,11 +264,13 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
             print("overdrive launch: the script needs Accelerate, which is not installed here: add --as_accelerate "
                   "to run it on overdrive (overdrive launch --as_accelerate ...)", file=sys.stderr, flush=True)
         return code
-    except SignalException as err:
+    except (SignalException, KeyboardInterrupt) as err:
         _stop(copier)
-        print(f"overdrive launch: stopped by {signal.Signals(err.sigval).name}; the workers were stopped",
+        sigval = int(getattr(err, "sigval", signal.SIGINT))
+        stop_descendants()  # torchelastic stopped the workers' process groups; not what left them
+        print(f"overdrive launch: stopped by {signal.Signals(sigval).name}; the workers were stopped",
               file=sys.stderr, flush=True)
-        return 128 + int(err.sigval)
+        return 128 + sigval
     except RendezvousError as err:
         _stop(copier)
         where = f"{plan.main_process_ip}:{plan.main_process_port or 29500}"
@@ -264,7 +280,7 @@ def launch_script(plan: LaunchPlan, command: Command) -> int:
         return 1
     except (RuntimeError, OSError, ValueError) as err:
         _stop(copier)
-        if plan.debug:
+        if plan.debug and not plan.quiet:  # --quiet: the error without the launcher's traceback, as Accelerate
             raise
         # e.g. DistNetworkError: the port is taken, or the main machine cannot be reached
         port = f" (main_process_port {plan.main_process_port})" if plan.main_process_port else ""
@@ -287,6 +303,61 @@ _NO_ACCELERATE = re.compile(r"No module named 'accelerate[.']|requires `accelera
 def needs_accelerate(text: str) -> bool:
     """Whether a failed worker's output says that the script needs the ``accelerate`` package, not installed."""
     return bool(_NO_ACCELERATE.search(text))
+
+
+def failed_stderr_tail(failures: Mapping[int, Any], log_dir: str) -> str:
+    """The end of the failed ranks' stderr (first failure first), at most Accelerate's bound."""
+    limit = CHILD_STDERR_CHUNK_SIZE * CHILD_STDERR_TAIL_CHUNKS
+    ordered = sorted(failures.values(), key=lambda failure: _failure_time(failure, log_dir))
+    texts = []
+    for failure in ordered:
+        path = _stderr_file(log_dir, failure.local_rank)
+        if path is not None:
+            texts.append(relay.stderr_text(path.read_bytes()))
+    data = "".join(texts).encode(errors="replace")[-limit:]
+    return data.decode(errors="replace")
+
+
+def stop_descendants(grace_s: float = 5.0) -> list[int]:
+    """End every process this launch started that is still running, wherever it went: a worker's children
+    in a session of their own escape torchelastic, which stops the workers' process groups. They are found
+    by the launcher's pid the workers inherited (``OVERDRIVE_LAUNCHER_PID``): SIGTERM, then after
+    ``grace_s`` SIGKILL. Returns the pids it signalled (Linux; elsewhere none are found)."""
+    import time
+
+    marker = f"{LAUNCHER_PID_VAR}={os.getpid()}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else ():
+        try:
+            if int(entry.name) != os.getpid() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue  # ended meanwhile, or another user's
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        alive = [pid for pid in found if _signal(pid, sig)]
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [pid for pid in alive if _running(pid)]
+        if not alive:
+            break
+    return found
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def describe_missing_machines(plan: LaunchPlan, error: str) -> str | None:
