@@ -14,7 +14,6 @@ from typing import Any
 from overdrive.compat.cli_commands import _sub_parser
 from overdrive.config.compile import DynamoBackend
 
-
 # -- the entry points: `python -m accelerate.commands.<name>` and the `accelerate` console script ------------------
 
 
