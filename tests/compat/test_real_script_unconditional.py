@@ -25,6 +25,8 @@ UNCONDITIONAL = Script("train_unconditional.py", ("--seed", "7", "--use_ema", "-
 CKPT = "overdrive's save_state writes torch.distributed.checkpoint files by default, not Accelerate's: fixed by the ckpt branch"
 SURFACE = ("accelerate.__version__ reads overdrive's 0.1.0 under the alias, so the script registers no save/load "
            "hooks and its EMA is neither saved nor loaded: fixed by the surface branch")
+HOOKS = ("then: overdrive's load_state of a folder in Accelerate's layout does not call the registered load_state "
+         "pre-hooks (checkpoint/accelerate_format.load_into), so the model and the EMA stay as they were: not fixed yet")
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
@@ -32,6 +34,8 @@ def runs(request, tmp_path_factory) -> ScriptRuns:
     return ScriptRuns(tmp_path_factory.mktemp(f"unconditional_{request.param}"), UNCONDITIONAL, request.param)
 
 
+@pytest.mark.xfail(strict=True, reason=f"{SURFACE} (the save hook builds a model, drawing from the global RNG, so "
+                                      "without it the noise after the first checkpoint differs)")
 def test_full_runs_end_with_the_same_weights_and_ema(runs):
     ours, theirs = runs.full("overdrive"), runs.full("accelerate")
     for name in UNCONDITIONAL.weights:
@@ -50,9 +54,17 @@ def test_checkpoint_folders_hold_the_same_files(runs):
         assert set(files) <= set(ours[name]), (name, files, ours[name])
 
 
+def test_accelerate_resumes_its_own_checkpoint_mid_epoch(runs):
+    """The reference of the resumed runs below (xfail while overdrive's side is known to fail): it must run."""
+    results = runs.resumed("accelerate", "accelerate").results()
+    assert results["skipped"] == (6 if runs.processes == 1 else 2)  # the example's own skipping, mid-epoch
+    assert results["global_step"] == results["ema_step"] == 8 // runs.processes  # the EMA's counter was loaded
+    assert results["hooks_registered"] and results["first_epoch"] == (0 if runs.processes == 1 else 1)
+
+
 @pytest.mark.parametrize("engine,written_by", [
     pytest.param("overdrive", "overdrive", marks=pytest.mark.xfail(strict=True, reason=SURFACE)),
-    pytest.param("overdrive", "accelerate", marks=pytest.mark.xfail(strict=True, reason=SURFACE)),
+    pytest.param("overdrive", "accelerate", marks=pytest.mark.xfail(strict=True, reason=f"{SURFACE}; {HOOKS}")),
     pytest.param("accelerate", "overdrive", marks=pytest.mark.xfail(strict=True, reason=f"{CKPT}; {SURFACE}")),
 ])
 def test_resumed_runs_end_as_accelerates_resumed_run(runs, engine, written_by):
@@ -60,9 +72,7 @@ def test_resumed_runs_end_as_accelerates_resumed_run(runs, engine, written_by):
     resumed = runs.resumed(engine, written_by)
     for name in UNCONDITIONAL.weights:
         assert_same_weights(resumed.weights(name), reference.weights(name), name)
-    results = reference.results()
-    assert results["skipped"] == (6 if runs.processes == 1 else 2)  # the example's own skipping, mid-epoch
-    assert without(resumed.results(), "logged") == without(results, "logged")
+    assert without(resumed.results(), "logged") == without(reference.results(), "logged")
 
 
 @pytest.mark.xfail(strict=True, reason=SURFACE)

@@ -85,7 +85,10 @@ class Denoiser(torch.nn.Module):
     def from_pretrained(cls, folder: str, subfolder: str = "") -> Denoiser:
         folder = os.path.join(folder, subfolder)
         with open(os.path.join(folder, "config.json")) as f:
-            model = cls(**json.load(f))
+            config = json.load(f)
+        # like diffusers' from_config: keys that are not the constructor's (the EMA's counters) stay in config
+        model = cls(channels=config["channels"], num_train_timesteps=config["num_train_timesteps"])
+        model.register_to_config(**config)
         model.load_state_dict(load_file(os.path.join(folder, "diffusion_pytorch_model.safetensors")))
         return model
 
