@@ -148,17 +148,35 @@ def build_parser(only: str | None = None) -> tuple[Parser, dict[str, Parser]]:
 
 
 def version_line() -> str:
-    """``overdrive --version``: overdrive's version, the Accelerate API it follows and the torch it runs on
-    (read from the installed metadata: no torch import)."""
-    from importlib import metadata
-
+    """``overdrive --version``: overdrive's version, the Accelerate API it follows and the torch it runs on."""
     from overdrive._version import ACCELERATE_API_VERSION, __version__
 
+    return f"overdrive {__version__} (Accelerate API {ACCELERATE_API_VERSION}, torch {torch_version()})"
+
+
+def torch_version() -> str:
+    """``torch.__version__`` with its build tag, whatever it is (``2.13.0+cpu``, ``2.15.0+cu132``, ``2.15.0``),
+    read from ``torch/version.py`` without importing torch (seconds). The installed metadata is only the
+    fallback: a build from the package index records ``2.15.0`` there while torch says ``2.15.0+cu132``."""
+    import ast
+    import importlib.util
+    from importlib import metadata
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse((Path(folder) / "version.py").read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                return node.value.value
     try:
-        torch_version = metadata.version("torch")
+        return metadata.version("torch")
     except metadata.PackageNotFoundError:
-        torch_version = "not installed"
-    return f"overdrive {__version__} (Accelerate API {ACCELERATE_API_VERSION}, torch {torch_version})"
+        return "not installed"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

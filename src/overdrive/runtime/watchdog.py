@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import importlib
 import json
 import os
 import pickle
@@ -123,10 +124,12 @@ def is_peer_loss(error: BaseException | None) -> bool:
 def _last_collective() -> dict[str, Any] | None:
     """The newest entry of torch's flight recorder on this rank: {"name", "seq"}; None when it is off."""
     try:
-        # private and missing from torch's stubs, present at run time (torch >= 2.5)
-        from torch._C._distributed_c10d import _dump_fr_trace  # pyright: ignore[reportAttributeAccessIssue]
-
-        entries = pickle.loads(_dump_fr_trace()).get("entries") or []
+        # private: present at run time since torch 2.5, in torch's stubs only since 2.15, so looked up by name
+        # (an import would need an ignore comment on one of the two and be flagged as unneeded on the other)
+        dump = getattr(importlib.import_module("torch._C._distributed_c10d"), "_dump_fr_trace", None)
+        if dump is None:
+            return None
+        entries = pickle.loads(dump()).get("entries") or []
     except Exception:  # noqa: BLE001 - the recorder is optional (off, or another torch version)
         return None
     if not entries:
