@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.real_scripts import Script, ScriptRuns, assert_same_weights, without
+from tests.support.real_scripts import Script, ScriptRuns, assert_same_weights, process_counts, without
 
 pytestmark = [pytest.mark.requires("accelerate", "transformers"), pytest.mark.slow, pytest.mark.multiprocess,
               pytest.mark.timeout(1500)]
@@ -23,13 +23,9 @@ pytestmark = [pytest.mark.requires("accelerate", "transformers"), pytest.mark.sl
 # is half-way through the first epoch
 CLM = Script("run_clm_no_trainer.py", ("--seed", "7", "--checkpointing_steps", "1"),
              checkpoint=lambda processes: f"step_{2 // processes}")
-CKPT = "overdrive's save_state writes torch.distributed.checkpoint files by default, not Accelerate's: fixed by the ckpt branch"
-TIED = ("overdrive's load_state refuses Accelerate's model.safetensors, which stores the tied lm_head.weight once "
-        "(missing ['lm_head.weight']): fixed by the ckpt branch")
-SURFACE = "accelerate.__version__ and str(DistributedType) read overdrive's under the alias: fixed by the surface branch"
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
+@pytest.fixture(scope="module", params=process_counts(2), ids=lambda n: f"{n}proc")
 def runs(request, tmp_path_factory) -> ScriptRuns:
     return ScriptRuns(tmp_path_factory.mktemp(f"clm_{request.param}"), CLM, request.param)
 
@@ -43,7 +39,6 @@ def test_full_runs_end_with_the_same_weights_and_perplexity(runs):
     assert without(ours.results(), "logged") == without(results, "logged")
 
 
-@pytest.mark.xfail(strict=True, reason=CKPT)
 def test_checkpoint_folders_hold_the_same_files(runs):
     ours, theirs = runs.full("overdrive").checkpoints(), runs.full("accelerate").checkpoints()
     assert sorted(ours) == sorted(theirs) == [f"step_{n}" for n in range(1, 8 // runs.processes + 1)]
@@ -53,8 +48,8 @@ def test_checkpoint_folders_hold_the_same_files(runs):
 
 @pytest.mark.parametrize("engine,written_by", [
     ("overdrive", "overdrive"),
-    pytest.param("overdrive", "accelerate", marks=pytest.mark.xfail(strict=True, reason=TIED)),
-    pytest.param("accelerate", "overdrive", marks=pytest.mark.xfail(strict=True, reason=CKPT)),
+    ("overdrive", "accelerate"),
+    ("accelerate", "overdrive"),
 ])
 def test_resumed_runs_end_as_accelerates_resumed_run(runs, engine, written_by):
     reference = runs.resumed("accelerate", "accelerate")
@@ -72,6 +67,5 @@ def test_two_processes_resume_to_the_uninterrupted_run(runs):
     assert_same_weights(resumed.weights("model.safetensors"), full.weights("model.safetensors"), "model")
 
 
-@pytest.mark.xfail(strict=True, reason=SURFACE)
 def test_what_the_script_logs_reads_as_under_accelerate(runs):
     assert runs.full("overdrive").results()["logged"] == runs.full("accelerate").results()["logged"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.real_scripts import Script, ScriptRuns, assert_same_weights, without
+from tests.support.real_scripts import Script, ScriptRuns, assert_same_weights, process_counts, without
 
 pytestmark = [pytest.mark.requires("accelerate", "transformers"), pytest.mark.slow, pytest.mark.multiprocess,
               pytest.mark.timeout(1500)]
@@ -22,11 +22,9 @@ pytestmark = [pytest.mark.requires("accelerate", "transformers"), pytest.mark.sl
 GLUE = Script("run_glue_no_trainer.py", ("--seed", "7", "--checkpointing_steps", "1"),
               checkpoint=lambda processes: f"step_{4 // processes + 1}",
               weights=("final/model.safetensors", "model.safetensors"))
-CKPT = "overdrive's save_state writes torch.distributed.checkpoint files by default, not Accelerate's: fixed by the ckpt branch"
-SURFACE = "accelerate.__version__ and str(DistributedType) read overdrive's under the alias: fixed by the surface branch"
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
+@pytest.fixture(scope="module", params=process_counts(1), ids=lambda n: f"{n}proc")
 def runs(request, tmp_path_factory) -> ScriptRuns:
     return ScriptRuns(tmp_path_factory.mktemp(f"glue_{request.param}"), GLUE, request.param)
 
@@ -41,7 +39,6 @@ def test_full_runs_end_with_the_same_weights_and_evaluation(runs):
     assert without(ours.results(), "logged") == without(results, "logged")
 
 
-@pytest.mark.xfail(strict=True, reason=CKPT)
 def test_checkpoint_folders_hold_the_same_files(runs):
     ours, theirs = runs.full("overdrive").checkpoints(), runs.full("accelerate").checkpoints()
     assert sorted(ours) == sorted(theirs) == [f"step_{n}" for n in range(1, 8 // runs.processes + 1)]
@@ -52,7 +49,7 @@ def test_checkpoint_folders_hold_the_same_files(runs):
 @pytest.mark.parametrize("engine,written_by", [
     ("overdrive", "overdrive"),
     ("overdrive", "accelerate"),
-    pytest.param("accelerate", "overdrive", marks=pytest.mark.xfail(strict=True, reason=CKPT)),
+    ("accelerate", "overdrive"),
 ])
 def test_resumed_runs_end_as_accelerates_resumed_run(runs, engine, written_by):
     reference = runs.resumed("accelerate", "accelerate")
@@ -64,6 +61,5 @@ def test_resumed_runs_end_as_accelerates_resumed_run(runs, engine, written_by):
     assert without(resumed.results(), "logged") == without(results, "logged")
 
 
-@pytest.mark.xfail(strict=True, reason=SURFACE)
 def test_what_the_script_logs_reads_as_under_accelerate(runs):
     assert runs.full("overdrive").results()["logged"] == runs.full("accelerate").results()["logged"]

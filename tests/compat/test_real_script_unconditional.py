@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.real_scripts import Script, ScriptRuns, assert_same_weights, without
+from tests.support.real_scripts import Script, ScriptRuns, assert_same_weights, process_counts, without
 
 pytestmark = [pytest.mark.requires("accelerate", "packaging"), pytest.mark.slow, pytest.mark.multiprocess,
               pytest.mark.timeout(1500)]
@@ -22,20 +22,13 @@ pytestmark = [pytest.mark.requires("accelerate", "packaging"), pytest.mark.slow,
 # on 1 process, 2 of 4 batches into the second on 2
 UNCONDITIONAL = Script("train_unconditional.py", ("--seed", "7", "--use_ema", "--checkpointing_steps", "3"),
                        checkpoint=lambda processes: "checkpoint-3", weights=("model.safetensors", "ema.safetensors"))
-CKPT = "overdrive's save_state writes torch.distributed.checkpoint files by default, not Accelerate's: fixed by the ckpt branch"
-SURFACE = ("accelerate.__version__ reads overdrive's 0.1.0 under the alias, so the script registers no save/load "
-           "hooks and its EMA is neither saved nor loaded: fixed by the surface branch")
-HOOKS = ("then: overdrive's load_state of a folder in Accelerate's layout does not call the registered load_state "
-         "pre-hooks (checkpoint/accelerate_format.load_into), so the model and the EMA stay as they were: not fixed yet")
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
+@pytest.fixture(scope="module", params=process_counts(2), ids=lambda n: f"{n}proc")
 def runs(request, tmp_path_factory) -> ScriptRuns:
     return ScriptRuns(tmp_path_factory.mktemp(f"unconditional_{request.param}"), UNCONDITIONAL, request.param)
 
 
-@pytest.mark.xfail(strict=True, reason=f"{SURFACE} (the save hook builds a model, drawing from the global RNG, so "
-                                      "without it the noise after the first checkpoint differs)")
 def test_full_runs_end_with_the_same_weights_and_ema(runs):
     ours, theirs = runs.full("overdrive"), runs.full("accelerate")
     for name in UNCONDITIONAL.weights:
@@ -45,7 +38,6 @@ def test_full_runs_end_with_the_same_weights_and_ema(runs):
     assert without(ours.results(), "logged", "hooks_registered") == without(results, "logged", "hooks_registered")
 
 
-@pytest.mark.xfail(strict=True, reason=f"{CKPT}; {SURFACE}")
 def test_checkpoint_folders_hold_the_same_files(runs):
     ours, theirs = runs.full("overdrive").checkpoints(), runs.full("accelerate").checkpoints()
     assert sorted(ours) == sorted(theirs) == ["checkpoint-3", "checkpoint-6"][:1 if runs.processes == 2 else 2]
@@ -55,7 +47,7 @@ def test_checkpoint_folders_hold_the_same_files(runs):
 
 
 def test_accelerate_resumes_its_own_checkpoint_mid_epoch(runs):
-    """The reference of the resumed runs below (xfail while overdrive's side is known to fail): it must run."""
+    """The reference of the resumed runs below: the real Accelerate resumes its own checkpoint as the example means."""
     results = runs.resumed("accelerate", "accelerate").results()
     assert results["skipped"] == (6 if runs.processes == 1 else 2)  # the example's own skipping, mid-epoch
     assert results["global_step"] == results["ema_step"] == 8 // runs.processes  # the EMA's counter was loaded
@@ -63,9 +55,9 @@ def test_accelerate_resumes_its_own_checkpoint_mid_epoch(runs):
 
 
 @pytest.mark.parametrize("engine,written_by", [
-    pytest.param("overdrive", "overdrive", marks=pytest.mark.xfail(strict=True, reason=SURFACE)),
-    pytest.param("overdrive", "accelerate", marks=pytest.mark.xfail(strict=True, reason=f"{SURFACE}; {HOOKS}")),
-    pytest.param("accelerate", "overdrive", marks=pytest.mark.xfail(strict=True, reason=f"{CKPT}; {SURFACE}")),
+    ("overdrive", "overdrive"),
+    ("overdrive", "accelerate"),
+    ("accelerate", "overdrive"),
 ])
 def test_resumed_runs_end_as_accelerates_resumed_run(runs, engine, written_by):
     reference = runs.resumed("accelerate", "accelerate")
@@ -75,7 +67,6 @@ def test_resumed_runs_end_as_accelerates_resumed_run(runs, engine, written_by):
     assert without(resumed.results(), "logged") == without(reference.results(), "logged")
 
 
-@pytest.mark.xfail(strict=True, reason=SURFACE)
 def test_the_version_check_passes_and_enums_print_as_under_accelerate(runs):
     ours, theirs = runs.full("overdrive").results(), runs.full("accelerate").results()
     assert ours["hooks_registered"] and ours["logged"] == theirs["logged"]

@@ -11,6 +11,7 @@ copied into its own output folder, in a new launch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,12 @@ from tests.support.cli import clean_env
 REAL = Path(__file__).resolve().parents[1] / "scripts" / "real"  # tests/scripts/real
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENGINES = ("accelerate", "overdrive")
+
+
+def process_counts(default: int) -> list[int]:
+    """The numbers of processes a script's tests run on: ``default`` alone in the default suite (each count costs
+    about six launches of each engine), 1 and 2 with ``OVERDRIVE_TEST_REAL_SCRIPTS=all``."""
+    return [1, 2] if os.environ.get("OVERDRIVE_TEST_REAL_SCRIPTS") == "all" else [default]
 
 
 @dataclass(frozen=True)
