@@ -110,6 +110,9 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
         hook = SequentialHook(old, hook)
     module = hook.init_hook(module)
     module.__dict__["_hf_hook"] = hook
+    # the forward without the hooks, where Accelerate keeps it: code written for Accelerate calls it to bypass
+    # them (the hooks run around forward through nn.Module's own hooks; forward itself is left as it was)
+    module.__dict__.setdefault("_old_forward", module.forward)
     if _HANDLES not in module.__dict__:
         # prepend: offloaded weights are in place before other pre-hooks run, and outputs are placed
         # before other forward hooks see them; always_call releases offloaded weights if forward raises
@@ -127,6 +130,7 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
     if hook is not None:
         hook.detach_hook(module)
         del module.__dict__["_hf_hook"]
+        module.__dict__.pop("_old_forward", None)
     for handle in module.__dict__.pop(_HANDLES, ()):
         handle.remove()
     module.__dict__.pop(_GRAD_MODE, None)

@@ -5,6 +5,7 @@ Each works (none is a placeholder); those needing a feature overdrive lacks live
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -46,7 +47,11 @@ def has_compiled_regions(module: nn.Module) -> bool:
 
 
 def model_has_dtensor(model: nn.Module) -> bool:
-    """Whether any parameter of ``model`` is a DTensor (FSDP2 / tensor parallel)."""
+    """Whether any parameter of ``model`` is a DTensor (FSDP2 / tensor parallel); False on a torch built without
+    torch.distributed, where DTensor cannot be imported. The availability check is looked up when called, through
+    ``accelerate.utils.other``, where tests patch it as they do with Accelerate."""
+    if not importlib.import_module("overdrive.utils.other").is_torch_distributed_available():
+        return False
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())

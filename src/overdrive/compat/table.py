@@ -150,6 +150,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                          "get_pretty_name has_compiled_regions is_compiled_module is_port_in_use load merge_dicts "
                          "model_has_dtensor recursive_getattr save get_model_tp_size get_free_port"),
         **_names("overdrive.helpers.misc", "extract_model_from_parallel wait_for_everyone"),
+        **_names("overdrive.helpers.imports", "is_torch_distributed_available"),
         **_names("overdrive.compat.regions", "compile_regions compile_regions_deepspeed compile_regions_fsdp2 "
                                              "has_repeated_blocks is_repeated_blocks"),
         **_names(_SURF, "TORCH_SAFE_GLOBALS np_core"), "logger": f"{_SURF}:other_logger",
