@@ -125,7 +125,7 @@ def run(job: str, out: Path, bf16: bool) -> None:
     kind = {"lora": "bert", "sft": "llama"}.get(job, job)
     model = build(kind)
     train, evaluation = Rows(kind, 40, 1), Rows(kind, 7, 2)  # 7 rows: uneven over 2 ranks
-    result: dict = {"library": "overdrive" if accelerate.__name__ == "overdrive" else "accelerate"}
+    result: dict = {"library": "overdrive" if accelerate.Accelerator.__module__.startswith("overdrive.") else "accelerate"}
     if job == "lora":
         from peft import LoraConfig, get_peft_model
 
