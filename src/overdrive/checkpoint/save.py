@@ -75,7 +75,7 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
     project = run.project
     if async_save is None:
         async_save = bool(getattr(project, "async_save", False))
-    layout = _resolve_layout(layout, accelerate_layout, async_save)
+    layout = _resolve_layout(layout, accelerate_layout, async_save, _needs_resharding(run))
     background.wait_for_pending_save()  # the previous async save is published first
     group = Group()
     try:
@@ -181,16 +181,26 @@ def _warn_mid_window(position: int, size: int) -> None:
         stacklevel=4)
 
 
-def _resolve_layout(layout: str | None, accelerate_layout: bool | None, async_save: bool) -> str:
+def _needs_resharding(run: TrainingState) -> bool:
+    """Whether a prepared model can only be stored in the resharding layout: a model that says so
+    (``checkpoint_layout = "resharding"``: a pipeline stage, which Accelerate's files cannot hold)."""
+    return any(getattr(model, "checkpoint_layout", None) == "resharding" for model in run.objects.models)
+
+
+def _resolve_layout(layout: str | None, accelerate_layout: bool | None, async_save: bool,
+                    needs_resharding: bool = False) -> str:
     """The layout a save writes: ``layout``, else ``accelerate_layout``'s, else Accelerate's (DCP's when the
-    save runs in the background, which only DCP's writer does)."""
+    save runs in the background, which only DCP's writer does, or when a model needs it)."""
     if layout is not None and layout not in LAYOUTS:
         raise ValueError(f"save_state(layout={layout!r}): the layout must be one of {', '.join(map(repr, LAYOUTS))}")
     older = None if accelerate_layout is None else ("accelerate" if accelerate_layout else "resharding")
     if layout is not None and older is not None and layout != older:
         raise ValueError(f"save_state(layout={layout!r}, accelerate_layout={accelerate_layout!r}) contradict each "
                          "other; pass layout alone")
-    chosen = layout or older or ("resharding" if async_save else "accelerate")
+    chosen = layout or older or ("resharding" if async_save or needs_resharding else "accelerate")
+    if chosen == "accelerate" and needs_resharding:
+        raise ValueError("save_state(layout='accelerate'): a prepared model is a pipeline stage on each rank, which "
+                         "Accelerate's files cannot hold; pass layout='resharding' (the default for it)")
     if chosen == "accelerate" and async_save:
         raise ValueError("save_state(async_save=True) writes the resharding layout (DCP writes in the background); "
                          "pass layout='resharding', or async_save=False for Accelerate's files")

@@ -181,6 +181,10 @@ class PipelinedModel(nn.Module):
     """The prepared model: a view of this rank's stages under the original parameter names, whose forward
     runs one schedule step. See the module docstring."""
 
+    #: each rank holds its own stages, which Accelerate's checkpoint files (the main process writes the whole
+    #: model) cannot hold: save_state writes the resharding layout (Accelerate trains no pipeline)
+    checkpoint_layout = "resharding"
+
     def __init__(self, stages: list[StageModule], wrapped: list[nn.Module], settings: PipelineRuntime) -> None:
         super().__init__()
         view = merged_view([s.stage_model for s in stages])
