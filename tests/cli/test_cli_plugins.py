@@ -128,7 +128,7 @@ for _ in range(4):
     losses.append(loss.item())
 fsdp = acc.strategy.fsdp
 open(f"{sys.argv[1]}/result_{acc.process_index}.json", "w").write(json.dumps({
-    "rank": acc.process_index, "type": str(acc.distributed_type), "strategy": acc.strategy.name,
+    "rank": acc.process_index, "type": acc.distributed_type.value, "strategy": acc.strategy.name,
     "reshard": fsdp.reshard, "offload": bool(fsdp.cpu_offload), "min_num_params": fsdp.min_num_params,
     "wrap": fsdp.auto_wrap_policy, "checkpointing": fsdp.activation_checkpointing,
     "state_dict_type": fsdp.state_dict_type, "sharded": type(model).__name__.startswith("FSDP"),

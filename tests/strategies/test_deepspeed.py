@@ -266,7 +266,7 @@ for _ in range(4):
         loss = train_step(acc, model, opt, x, y, nn.functional.mse_loss)
         losses.append(acc.gather(loss.detach()[None]).mean().item())
 open(f"{sys.argv[1]}/result_{acc.process_index}.json", "w").write(json.dumps({
-    "rank": acc.process_index, "world": acc.num_processes, "type": str(acc.distributed_type),
+    "rank": acc.process_index, "world": acc.num_processes, "type": acc.distributed_type.value,
     "stage": model.zero_optimization_stage(), "clip": model.gradient_clipping(),
     "accumulation": model.gradient_accumulation_steps(), "steps": model.global_steps,
     "offload": acc.deepspeed_plugin.get_value("zero_optimization.offload_optimizer.device"),

@@ -79,7 +79,7 @@ def _trajectory(plugin: dict[str, Any], accumulation: int = 1, mixed_precision: 
             ref_opt.zero_grad()
             norms.append((acc.clip_grad_norm_(model.parameters(), CLIP).item(), ref_norm.item()))
             window = []
-    return {"losses": losses, "reference": ref_losses, "norms": norms, "type": str(acc.distributed_type),
+    return {"losses": losses, "reference": ref_losses, "norms": norms, "type": acc.distributed_type.value,
             "stage": model.zero_optimization_stage(), "dtype": str(next(model.module.parameters()).dtype),
             "optimizer": type(opt.optimizer).__name__, "wrapped_once": _wrapped_once(opt)}
 

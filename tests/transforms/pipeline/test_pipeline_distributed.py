@@ -171,7 +171,7 @@ def _compositions() -> dict[str, list[float]]:
         accelerator = pipeline_accelerator("1F1B", num_microbatches=2, **sizes)
         run = pipelined(accelerator, batch_size=batch, steps=STEPS)
         found[kind], found[kind + "_eval"] = run["losses"], run["eval_loss"]
-        found[kind + "_type"] = str(accelerator.distributed_type)
+        found[kind + "_type"] = accelerator.distributed_type.value
     # a new input shape inside an accumulation window: torch's first step of the new schedule clears FSDP
     # gradients, which the pipelined model keeps
     accelerator = pipeline_accelerator("1F1B", num_microbatches=2, accumulate=2, dp_shard_size=2)
