@@ -71,7 +71,8 @@ sys.meta_path.insert(0, _NotInstalled())
 
 def _launch(tmp_path, *flags: str, shadow: bool = False) -> subprocess.CompletedProcess:
     tmp_path.mkdir(exist_ok=True)
-    (tmp_path / "train.py").write_text("import accelerate\n\nprint('WORKER STARTED', accelerate.__name__)\n")
+    (tmp_path / "train.py").write_text(  # which engine: the alias' accelerate is a view of overdrive
+        "import accelerate\n\nprint('WORKER STARTED', accelerate.Accelerator.__module__.split('.')[0])\n")
     path = [SRC]
     if shadow:
         (tmp_path / "shadow").mkdir()
