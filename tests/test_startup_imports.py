@@ -48,7 +48,7 @@ NOT_AFTER_FIRST_STEP = (
     "overdrive.transforms.activation_checkpointing", "overdrive.transforms.compile",
     "overdrive.transforms.blocks", "overdrive.transforms.context_parallel",
     "overdrive.data.dispatch",  # a map-style dataset is sharded, not dispatched
-    "overdrive.config.deepspeed", "overdrive.config.deepspeed_json", "overdrive.config.megatron",
+    "overdrive.strategies.deepspeed.config", "overdrive.strategies.deepspeed.settle", "overdrive.config.megatron",
     "overdrive.config.fp8",
     "overdrive.compat.table", "overdrive.checkpoint", "overdrive.tracking", "overdrive.precision.fp8",
 )

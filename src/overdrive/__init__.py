@@ -37,7 +37,7 @@ _EXPORTS = {
     "TERecipeKwargs": "overdrive.config",
     "DDPCommunicationHookType": "overdrive.config",
     "FullyShardedDataParallelPlugin": "overdrive.config",
-    "DeepSpeedPlugin": "overdrive.config",
+    "DeepSpeedPlugin": "overdrive.strategies.deepspeed",
     "MegatronLMPlugin": "overdrive.config",
     "ParallelismConfig": "overdrive.config",
     "PipelineConfig": "overdrive.config",
@@ -102,7 +102,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         AutocastKwargs,
         DataLoaderConfiguration,
         DDPCommunicationHookType,
-        DeepSpeedPlugin,
         DistributedDataParallelKwargs,
         DistributedType,
         FullyShardedDataParallelPlugin,
@@ -123,4 +122,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from overdrive.helpers.memory import find_executable_batch_size, release_memory
     from overdrive.helpers.random import set_seed, synchronize_rng_states
     from overdrive.launchers.notebook import debug_launcher, notebook_launcher
+    from overdrive.strategies.deepspeed import DeepSpeedPlugin
     from overdrive.training.state import AcceleratorState, GradientState, PartialState

@@ -43,7 +43,7 @@ def test_deepspeed_flags_reach_the_worker_config(tmp_path, monkeypatch):
         "zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu", "gradient_clipping": 0.5,
         "zero3_init_flag": True, "zero3_save_16bit_model": False, "deepspeed_config_file": str(ds_json),
         "deepspeed_multinode_launcher": "standard"}
-    from overdrive.config import DeepSpeedPlugin
+    from overdrive import DeepSpeedPlugin
 
     plugin = DeepSpeedPlugin.from_config_dict(got["deepspeed_config"])  # what each worker builds
     assert plugin.get_value("zero_optimization.stage") == 3 and plugin.zero3_init_flag is True

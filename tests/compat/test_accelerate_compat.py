@@ -145,7 +145,7 @@ def test_write_basic_config_then_load_it(tmp_path):
 
 
 def test_deepspeed_plugin_hf_ds_config_has_the_shape_transformers_uses():
-    from overdrive.config import DeepSpeedPlugin
+    from overdrive import DeepSpeedPlugin
     from overdrive.utils import HfDeepSpeedConfig
 
     plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from overdrive import Accelerator
-from overdrive.resolve import DDPSettings, DeepSpeedSettings, FSDP2Settings, SingleSettings
+from overdrive.resolve import DDPSettings, FSDP2Settings, SingleSettings
 from overdrive.strategies import StrategyBase, create_strategy, register_strategy
+from overdrive.strategies.deepspeed import DeepSpeedSettings
 from overdrive.strategies.single import SingleDeviceStrategy
 from overdrive.transforms.path import STEPS, ModelPath
 from tests.support.parallel import make_model

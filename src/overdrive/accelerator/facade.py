@@ -41,6 +41,7 @@ from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handl
 from overdrive.runtime.mesh import ParallelMesh
 from overdrive.strategies import Strategy, create_strategy
 from overdrive.strategies.base import StrategyContext
+from overdrive.strategies.deepspeed import resolve_deepspeed
 from overdrive.training.accumulation import NO_CONTEXT, AccumulationWindow
 from overdrive.training.optimizer import AcceleratedOptimizer
 from overdrive.training.prepared import PreparedObjects
@@ -51,7 +52,6 @@ from overdrive.transforms.hooks import HookRegistry
 if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with the Accelerator
     from overdrive.config import (
         AutocastKwargs,
-        DeepSpeedPlugin,
         FullyShardedDataParallelPlugin,
         MegatronLMPlugin,
         ParallelismConfig,
@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with th
         TorchDynamoPlugin,
         TorchTensorParallelPlugin,
     )
+    from overdrive.strategies.deepspeed import DeepSpeedPlugin
 
 
 def _refuse_quantized_placement(model: nn.Module, device: torch.device, distributed: bool) -> None:
@@ -149,7 +150,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config,
             tp_plugin=torch_tp_plugin, deepspeed_plugin=deepspeed_plugin,
             deepspeed_plugins=deepspeed_plugins,
-            megatron_lm_plugin=megatron_lm_plugin)
+            megatron_lm_plugin=megatron_lm_plugin, deepspeed_step=resolve_deepspeed)
         self.parallelism_config = parallelism_config
         self.state.adopt(self.plan)
         self.mesh = ParallelMesh(self.plan.dims, self.device.type, self.process_index, build=self.plan.uses_mesh,

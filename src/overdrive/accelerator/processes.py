@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from overdrive.config import DeepSpeedPlugin, DistributedType
+    from overdrive.config import DistributedType
     from overdrive.resolve import TrainingPlan
     from overdrive.runtime.mesh import ParallelMesh
     from overdrive.strategies import Strategy
+    from overdrive.strategies.deepspeed import DeepSpeedPlugin
     from overdrive.training.state import AcceleratorState
 
 

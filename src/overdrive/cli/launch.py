@@ -76,7 +76,8 @@ def _plugin_config(args: argparse.Namespace, config: dict[str, Any], source: cf.
 
 def _plugin_problems(section: str, values: dict[str, Any]) -> list[str]:
     """What the plugin built from ``values`` in each worker would refuse."""
-    from overdrive.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from overdrive.config import FullyShardedDataParallelPlugin
+    from overdrive.strategies.deepspeed import DeepSpeedPlugin
 
     try:
         if section == "fsdp_config":

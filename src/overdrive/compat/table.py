@@ -97,7 +97,7 @@ _CONSTANTS = (
 
 _UTILS_MODULES: dict[str, dict[str, str]] = {
     "overdrive.utils.dataclasses": {
-        **_names(_C, "AutocastKwargs DDPCommunicationHookType DataLoaderConfiguration DeepSpeedPlugin "
+        **_names(_C, "AutocastKwargs DDPCommunicationHookType DataLoaderConfiguration "
                      "DistributedDataParallelKwargs DistributedType FullyShardedDataParallelPlugin GradScalerKwargs "
                      "GradientAccumulationPlugin InitProcessGroupKwargs KwargsHandler LoggerType MegatronLMPlugin "
                      "PrecisionType ProfileKwargs ProjectConfiguration RNGType TorchTensorParallelPlugin "
@@ -111,6 +111,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names(_OPS, "TensorInformation"),
         **_names("overdrive.compat.fsdp", "get_module_class_from_name"),
         **_names("overdrive.config.quantization", "BnbQuantizationConfig"),
+        **_names("overdrive.strategies.deepspeed.config", "DeepSpeedPlugin"),
         **_names(_SURF, "add_model_config_to_megatron_parser"),
         **_names(_INT, "TorchTensorParallelConfig"),
         **_names("overdrive.compat.removed", "FP8RecipeKwargs MSAMPRecipeKwargs"),
@@ -133,7 +134,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     "overdrive.utils.deepspeed": {
         **_names("overdrive.strategies.deepspeed.objects", "DummyOptim DummyScheduler DeepSpeedOptimizerWrapper "
                                                 "DeepSpeedSchedulerWrapper get_active_deepspeed_plugin"),
-        **_names("overdrive.config.hf_deepspeed", "HfDeepSpeedConfig"),
+        **_names("overdrive.strategies.deepspeed.hf_config", "HfDeepSpeedConfig"),
         **_names(_INT, "DeepSpeedEngineWrapper map_pytorch_optim_to_deepspeed"),
     },
     "overdrive.utils.fsdp_utils": {

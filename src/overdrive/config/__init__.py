@@ -9,7 +9,8 @@ the environment into one frozen plan. One file per theme:
 - ``fp8``: ``AORecipeKwargs``, ``TERecipeKwargs`` (``mixed_precision="fp8"``)
 - ``project``: ``ProjectConfiguration``, ``DataLoaderConfiguration``
 - ``parallelism`` / ``pipeline``: ``ParallelismConfig``, ``TorchTensorParallelPlugin``, ``PipelineConfig``
-- ``fsdp``, ``deepspeed`` (+ ``deepspeed_json``), ``megatron``: the strategy plugins
+- ``fsdp``, ``megatron``: the strategy plugins (DeepSpeed's ``DeepSpeedPlugin`` is beside its strategy, in
+  ``overdrive.strategies.deepspeed``, with the rest of DeepSpeed's configuration)
 - ``compile``: ``TorchDynamoPlugin``, ``ActivationCheckpointingKwargs`` (the model path,
   the same under every strategy)
 - ``launch_settings`` (+ ``setting_kinds``, its validators): the one schema of the launch settings (flag,
@@ -30,7 +31,6 @@ from overdrive.config._lazy import lazy_exports
 _EXPORTS = {
     "ActivationCheckpointingKwargs": "overdrive.config.compile",
     "TorchDynamoPlugin": "overdrive.config.compile",
-    "DeepSpeedPlugin": "overdrive.config.deepspeed",
     "DDPCommunicationHookType": "overdrive.config.enums",
     "DistributedType": "overdrive.config.enums",
     "LoggerType": "overdrive.config.enums",
@@ -65,7 +65,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.config.compile import ActivationCheckpointingKwargs, TorchDynamoPlugin
-    from overdrive.config.deepspeed import DeepSpeedPlugin
     from overdrive.config.enums import (
         DDPCommunicationHookType,
         DistributedType,

@@ -50,14 +50,25 @@ def shown_path(path: str | os.PathLike) -> str:
 
 
 # -- checking a mapping against the launch-settings schema (config/launch_settings.py) ----------------------
+#: the keys ``deepspeed_config`` may hold besides the schema's: Accelerate's names and ``DeepSpeedPlugin``'s
+#: fields. The plugin is its strategy's, above this layer, so they are written out here;
+#: tests/strategies/deepspeed/test_config.py checks they are the plugin's (its ``CONFIG_KEYS`` and fields).
+DEEPSPEED_KEYS = (
+    "zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
+    "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping", "zero3_init_flag",
+    "zero3_save_16bit_model", "deepspeed_config_file", "deepspeed_moe_layer_cls_names",
+    "deepspeed_multinode_launcher", "deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
+    "hf_ds_config", "is_train_batch_min", "transformer_moe_cls_names", "enable_msamp", "msamp_opt_level",
+    "deepspeed_config", "selected",
+)
+
+
 def _plugin_keys(section: str) -> list[str]:
     """The keys a plugin section may hold besides the schema's: the plugin's fields and Accelerate's names."""
     from overdrive import config as plugins
 
     if section == "deepspeed_config":
-        from overdrive.config.deepspeed_json import CONFIG_KEYS
-
-        return [*CONFIG_KEYS, *plugins.field_names(plugins.DeepSpeedPlugin)]
+        return list(DEEPSPEED_KEYS)
     return [*plugins.FSDP_CONFIG_KEYS, *plugins.field_names(plugins.FullyShardedDataParallelPlugin)]
 
 

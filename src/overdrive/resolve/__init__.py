@@ -8,8 +8,9 @@ is reported at once, each naming the value given and the valid choices. One file
   per setting (``resolve_training``)
 - ``handlers``: the kwargs handlers sorted by kind (``split_kwargs_handlers``)
 - ``plan``: the frozen values it produces (``TrainingPlan`` and each strategy's typed settings)
-- ``parallelism``: the strategy and mesh sizes; ``deepspeed``, ``megatron``: the steps for those plugins;
-  ``fault_tolerance``: torchft's replica groups (``--ft_lighthouse``)
+- ``parallelism``: the strategy and mesh sizes; ``megatron``: the step for its plugin; ``fault_tolerance``:
+  torchft's replica groups (``--ft_lighthouse``). DeepSpeed's configuration is its strategy's
+  (``strategies/deepspeed/``), whose step ``resolve_training`` is handed
 
 Names are imported on first use, so ``PartialState`` loads ``process`` without the rest.
 """
@@ -34,14 +35,12 @@ _EXPORTS = {
     "resolve_parallelism": "overdrive.resolve.parallelism",
     "resolve_training": "overdrive.resolve.training",
     "split_kwargs_handlers": "overdrive.resolve.handlers",
-    "DeepSpeedSettings": "overdrive.resolve.deepspeed",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config
-    from overdrive.resolve.deepspeed import DeepSpeedSettings
     from overdrive.resolve.handlers import split_kwargs_handlers
     from overdrive.resolve.parallelism import resolve_parallelism
     from overdrive.resolve.plan import (

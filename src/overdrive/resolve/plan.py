@@ -27,7 +27,7 @@ from overdrive.transforms.settings import ModelTransforms
 
 if TYPE_CHECKING:
     from overdrive.config import AORecipeKwargs, InitProcessGroupKwargs, TERecipeKwargs
-    from overdrive.resolve.deepspeed import DeepSpeedSettings
+    from overdrive.strategies.deepspeed import DeepSpeedSettings
 
 
 # -- each strategy's own settings, typed: a misspelt setting is a TypeError, not silently dropped -----------
@@ -107,7 +107,7 @@ class PipelineStrategySettings(FrozenValue):
         self._init(locals())
 
 
-if TYPE_CHECKING:  # (DeepSpeed's module is loaded only for a DeepSpeed run)
+if TYPE_CHECKING:  # (DeepSpeed's settings are its strategy's, loaded only for a DeepSpeed run)
     #: the settings of any built-in strategy (``TrainingPlan.strategy_settings``)
     StrategySettings = (SingleSettings | DDPSettings | FSDP2Settings | PipelineStrategySettings | DeepSpeedSettings
                         | FaultTolerantSettings)

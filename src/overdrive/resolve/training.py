@@ -2,7 +2,8 @@
 -> one frozen ``TrainingPlan``.
 
 ``resolve_training`` runs one small ``_resolve_*`` / ``_check_*`` step per setting (parallelism in
-``parallelism.py``, DeepSpeed in ``deepspeed.py``); each appends its problems to one list, so every problem
+``parallelism.py``; DeepSpeed's own configuration in the DeepSpeed strategy, whose step the Accelerator hands
+in: the strategies sit above the resolver); each appends its problems to one list, so every problem
 is reported at once, each naming the value given and the valid choices. Nothing is built before all steps
 ran: the strategy is created from the finished plan.
 """
@@ -10,7 +11,7 @@ ran: the strategy is created from the finished plan.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from overdrive.config import (
     AutocastKwargs,
@@ -43,7 +44,19 @@ if TYPE_CHECKING:
         ParallelismConfig,
         TERecipeKwargs,
     )
-    from overdrive.resolve.deepspeed import DeepSpeedSettings
+    from overdrive.strategies.deepspeed import DeepSpeedSettings
+
+
+class DeepSpeedStep(Protocol):
+    """The DeepSpeed strategy's step of the plan (its ``resolve_deepspeed``): the run's DeepSpeed settings,
+    each plugin checked against the Accelerator's arguments, every problem appended to ``errors``. The
+    strategy owns its configuration and sits above the resolver, so whoever makes the plan hands the step in;
+    the resolver decides whether DeepSpeed runs and calls it only then."""
+
+    def __call__(self, plugin: Any, plugins: Any, launched: dict[str, Any], *, mixed_precision: str | None,
+                 explicit_steps: int | None, split_batches: bool, others: dict[str, Any], errors: list[str],
+                 local_rank: int = 0) -> DeepSpeedSettings | None: ...
+
 
 def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradient_accumulation_steps: int,
                      gradient_accumulation_plugin: GradientAccumulationPlugin | None,
@@ -54,10 +67,12 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
                      fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
                      parallelism_config: ParallelismConfig | None = None,
                      tp_plugin: TorchTensorParallelPlugin | None = None, deepspeed_plugin: Any = None,
-                     deepspeed_plugins: Any = None, megatron_lm_plugin: Any = None) -> TrainingPlan:
+                     deepspeed_plugins: Any = None, megatron_lm_plugin: Any = None,
+                     deepspeed_step: DeepSpeedStep | None = None) -> TrainingPlan:
     """The frozen ``TrainingPlan`` for the Accelerator's arguments, the launch config and the
     environment; every problem is reported at once in one ``ValueError``. Each step below resolves one
-    setting and appends its problems to ``errors``; nothing is built before all of them ran."""
+    setting and appends its problems to ``errors``; nothing is built before all of them ran.
+    ``deepspeed_step`` is the DeepSpeed strategy's step, needed when the run uses DeepSpeed."""
     launched = launch_config()
     errors: list[str] = []
     fsdp_label = "fsdp_plugin" if fsdp_plugin is not None else "the launch config's FSDP (distributed_type: FSDP)"
@@ -65,7 +80,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     parallel = resolve_parallelism(process, fsdp_plugin, parallelism_config, tp_plugin, errors)
     if mixed_precision is None:
         mixed_precision = launched.get("mixed_precision", "no")
-    deepspeed = _resolve_deepspeed(launched, deepspeed_plugin, deepspeed_plugins, mixed_precision,
+    deepspeed = _resolve_deepspeed(deepspeed_step, launched, deepspeed_plugin, deepspeed_plugins, mixed_precision,
                                    gradient_accumulation_steps, gradient_accumulation_plugin, dataloader_config, {
                                        fsdp_label: fsdp_plugin, "parallelism_config": parallelism_config,
                                        "torch_tp_plugin": tp_plugin}, errors, process.info.local_rank)
@@ -113,24 +128,25 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
     )
 
 
-def _resolve_deepspeed(launched: dict[str, Any], plugin: Any, plugins: Any, mixed_precision: str | None, steps: int,
-                       accumulation_plugin: GradientAccumulationPlugin | None,
+def _resolve_deepspeed(step: DeepSpeedStep | None, launched: dict[str, Any], plugin: Any, plugins: Any,
+                       mixed_precision: str | None, steps: int, accumulation_plugin: GradientAccumulationPlugin | None,
                        dataloader: DataLoaderConfiguration | None, others: dict[str, Any], errors: list[str],
                        local_rank: int = 0) -> DeepSpeedSettings | None:
-    """The DeepSpeed settings (None without DeepSpeed); the Accelerator's accumulation counts as given when
-    it is not 1."""
+    """The DeepSpeed settings (None without DeepSpeed), from the DeepSpeed strategy's ``step``; the
+    Accelerator's accumulation counts as given when it is not 1."""
     if plugin is None and plugins is None and str(launched.get("distributed_type", "")).upper() != "DEEPSPEED":
         return None
-    from overdrive.resolve.deepspeed import resolve_deepspeed
-
+    if step is None:
+        errors.append("DeepSpeed was asked for, but resolve_training was not given the DeepSpeed strategy's step "
+                      "(the DeepSpeed strategy's resolve_deepspeed)")
+        return None
     if accumulation_plugin is not None and accumulation_plugin.num_steps is not None:
         steps = accumulation_plugin.num_steps
     elif steps == 1:
         steps = launched.get("gradient_accumulation_steps", 1)
-    return resolve_deepspeed(plugin, plugins, launched, mixed_precision=mixed_precision,
-                             explicit_steps=None if steps == 1 else steps,
-                             split_batches=bool(dataloader and dataloader.split_batches), others=others, errors=errors,
-                             local_rank=local_rank)
+    return step(plugin, plugins, launched, mixed_precision=mixed_precision, explicit_steps=None if steps == 1 else steps,
+                split_batches=bool(dataloader and dataloader.split_batches), others=others, errors=errors,
+                local_rank=local_rank)
 
 
 def _resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, parallel: Parallelism, deepspeed: bool,

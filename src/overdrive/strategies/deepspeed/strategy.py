@@ -21,19 +21,31 @@ prepared last with an optimizer; to train several engines at once call each engi
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
 from overdrive.config import DistributedType
-from overdrive.resolve.deepspeed import DeepSpeedSettings
+from overdrive.helpers.ops import convert_to_fp32, recursively_apply
+from overdrive.runtime import backend_for
+from overdrive.runtime.group import world_size
 from overdrive.strategies.base import StrategyBase, StrategyContext
 from overdrive.strategies.deepspeed.checkpoint import EngineCheckpoint, is_engine
-from overdrive.strategies.deepspeed.ds_config import engine_config
+from overdrive.strategies.deepspeed.config import import_deepspeed
+from overdrive.strategies.deepspeed.objects import (
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+)
+from overdrive.strategies.deepspeed.settle import DeepSpeedSettings, engine_config
+from overdrive.training.optimizer import AcceleratedOptimizer
 from overdrive.transforms.path import PathStep, skip
 
 if TYPE_CHECKING:
@@ -73,8 +85,6 @@ class DeepSpeedStrategy(StrategyBase):
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """Build the engine for the model, optimizer and scheduler among ``objects`` (one of each at most);
         return ``objects`` with the engine, its optimizer and its scheduler in their places."""
-        from overdrive.strategies.deepspeed.objects import DummyOptim, DummyScheduler
-
         for obj in objects:
             if isinstance(obj, DataLoader):
                 self._remember_batch_size(obj)
@@ -102,11 +112,6 @@ class DeepSpeedStrategy(StrategyBase):
         result = list(objects)
         result[models[0]] = engine
         if optimizers or schedulers:
-            from overdrive.strategies.deepspeed.objects import (
-                DeepSpeedOptimizerWrapper,
-                DeepSpeedSchedulerWrapper,
-            )
-
             wrapper = DeepSpeedOptimizerWrapper(ds_optimizer)
             if optimizers:
                 result[optimizers[0]] = wrapper
@@ -122,8 +127,6 @@ class DeepSpeedStrategy(StrategyBase):
             self._batch_sizes.append(size)
 
     def _build(self, model: nn.Module, optimizer: Any, scheduler: Any) -> tuple[Any, Any, Any]:
-        from overdrive.config.deepspeed import import_deepspeed
-
         deepspeed = import_deepspeed()
         selection = self.context.plugin_selection
         plugin = selection.plugin if selection is not None else next(iter(self.settings.plugins.values()))
@@ -159,23 +162,17 @@ class DeepSpeedStrategy(StrategyBase):
 
     def _ready(self) -> None:
         """A process group (DeepSpeed needs one even for one process) and DeepSpeed on our device type."""
-        import os
-
-        import torch.distributed as dist
-
         # DeepSpeed insists on LOCAL_RANK, which torchrun sets and SLURM / MPI / one process do not
         os.environ.setdefault("LOCAL_RANK", str(self.settings.local_rank))
         if not dist.is_initialized():
-            from overdrive.runtime import backend_for
-
             dist.init_process_group(backend_for(self.device), store=dist.HashStore(), rank=0, world_size=1)
         if self.device.type == "cpu":
-            from deepspeed.accelerator import get_accelerator, set_accelerator
+            from deepspeed.accelerator import get_accelerator, set_accelerator  # lazy: optional dependency
 
             current = get_accelerator()
             assert current is not None  # it sets one when none is (DeepSpeed's module default is None)
             if current.device_name() != "cpu":  # Accelerator(cpu=True) on a machine with a GPU
-                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator  # lazy: optional dependency
 
                 set_accelerator(CPU_Accelerator())
 
@@ -220,22 +217,15 @@ class DeepSpeedStrategy(StrategyBase):
 
 
 def _world_size() -> int:
-    from overdrive.runtime.group import world_size
-
     return world_size()
 
 
 def _plain_optimizer(obj: Any) -> bool:
-    from overdrive.strategies.deepspeed.objects import DeepSpeedOptimizerWrapper
-    from overdrive.training.optimizer import AcceleratedOptimizer
-
     return isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, (DeepSpeedOptimizerWrapper,
                                                                            AcceleratedOptimizer))
 
 
 def _plain_scheduler(obj: Any) -> bool:
-    from overdrive.strategies.deepspeed.objects import DeepSpeedSchedulerWrapper
-
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) and not isinstance(obj, DeepSpeedSchedulerWrapper)
 
 
@@ -243,8 +233,6 @@ def _optimizer_parts(plugin: Any, optimizer: Any, scheduler: Any,
                      problems: list[str]) -> tuple[Any, Any, dict[str, Any]]:
     """(the optimizer DeepSpeed uses as it is, the parameters it builds the config's optimizer on, the values
     that fill the config's "auto")."""
-    from overdrive.strategies.deepspeed.objects import DummyOptim, DummyScheduler
-
     source, in_config = plugin.config_source, "optimizer" in plugin.deepspeed_config
     if isinstance(optimizer, DummyOptim):
         if not in_config:
@@ -267,8 +255,6 @@ def _optimizer_parts(plugin: Any, optimizer: Any, scheduler: Any,
 def _scheduler_parts(plugin: Any, scheduler: Any, lr: float | None, split_batches: bool,
                      problems: list[str]) -> tuple[Any, dict[str, Any]]:
     """(the scheduler, or callable building it, that DeepSpeed uses; the values that fill the config's "auto")."""
-    from overdrive.strategies.deepspeed.objects import DummyScheduler
-
     source, in_config = plugin.config_source, "scheduler" in plugin.deepspeed_config
     if not isinstance(scheduler, DummyScheduler):
         if scheduler is not None and in_config:
@@ -312,8 +298,6 @@ def _hidden_size(model: nn.Module) -> int | None:
 
 def _cast_io(engine: Any, config: dict[str, Any]) -> list[Any]:
     """Cast floating inputs to the engine's 16-bit dtype and floating outputs back to fp32."""
-    from overdrive.helpers.ops import convert_to_fp32, recursively_apply
-
     dtype = (torch.bfloat16 if (config.get("bf16") or {}).get("enabled") is True
              else torch.float16 if (config.get("fp16") or {}).get("enabled") is True else None)
     if dtype is None:
