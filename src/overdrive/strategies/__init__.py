@@ -1,11 +1,25 @@
-"""How training is parallel: one module per strategy, chosen by name from the registry."""
+"""How training is parallel: one module per strategy, chosen by name from the registry.
 
-from overdrive.strategies.base import (
-    Strategy,
-    StrategyBase,
-    StrategyContext,
-    create_strategy,
-    register_strategy,
-)
+Names are imported on first use, so ``overdrive.DeepSpeedPlugin`` (``strategies/deepspeed/config.py``) loads
+without the strategies' base and torch.
+"""
 
-__all__ = ["Strategy", "StrategyBase", "StrategyContext", "create_strategy", "register_strategy"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from overdrive.config._lazy import lazy_exports
+
+_EXPORTS = {name: "overdrive.strategies.base" for name in (
+    "Strategy", "StrategyBase", "StrategyContext", "create_strategy", "register_strategy")}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from overdrive.strategies.base import (
+        Strategy,
+        StrategyBase,
+        StrategyContext,
+        create_strategy,
+        register_strategy,
+    )
