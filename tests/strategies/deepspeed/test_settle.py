@@ -130,3 +130,26 @@ def test_the_plan_copies_the_plugins_and_selection_leaves_them_untouched():
     acc.free_memory()
 
 
+
+
+def test_the_resolver_calls_the_deepspeed_step_only_for_a_deepspeed_run(monkeypatch):
+    """The resolver sits below the strategies: it is handed DeepSpeed's step, calls it only when DeepSpeed
+    runs, and names a missing step with the other problems."""
+    from overdrive.resolve import resolve_training
+
+    monkeypatch.delenv("OVERDRIVE_LAUNCH_CONFIG", raising=False)
+    arguments = dict(mixed_precision=None, gradient_accumulation_steps=1, gradient_accumulation_plugin=None,
+                     dataloader_config=None, device_placement=None, step_scheduler_with_optimizer=True, rng_types=None,
+                     handlers={}, project_config=None, log_with=None, dynamo_backend=None)
+    calls = []
+
+    def step(*args, **kwargs):
+        calls.append(args)
+        return None
+
+    plan = resolve_training(PartialState().plan, **arguments, deepspeed_step=step)
+    assert plan.strategy != "deepspeed" and calls == []
+    with pytest.raises(ValueError) as info:
+        resolve_training(PartialState().plan, **{**arguments, "rng_types": ["dice"]},
+                         deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    assert "was not given the DeepSpeed strategy's step" in str(info.value) and "dice" in str(info.value)
