@@ -203,6 +203,10 @@ def test_torchrun_arguments_for_each_topology():
     c10d = torchrun_argv(LaunchPlan(num_processes=4, num_machines=2, main_process_ip="h", rdzv_backend="c10d",
                                     max_restarts=3), Command("pkg.mod", module=True), "/logs")
     assert {"--rdzv-backend=c10d", "--rdzv-endpoint=h:29500", "--max-restarts=3", "--no-python"} <= set(c10d)
+    # an elastic job through etcd: the endpoint is the etcd server's, from the main address and port as in Accelerate
+    etcd = torchrun_argv(LaunchPlan(num_processes=4, num_machines=2, min_machines=1, main_process_ip="etcd-host",
+                                    main_process_port=2379, rdzv_backend="etcd-v2"), script, "/logs")
+    assert {"--nnodes=1:2", "--rdzv-backend=etcd-v2", "--rdzv-endpoint=etcd-host:2379"} <= set(etcd)
     # every worker starts in overdrive's entry point (dies with the launcher), which runs the module
     assert c10d[-6:] == [sys.executable, "-u", "-m", "overdrive.launchers.worker", "module", "pkg.mod"]
     from torch.distributed.run import get_args_parser

@@ -7,6 +7,7 @@ the value, where it came from (the flag or the file and key) and the valid choic
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -157,10 +158,8 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     return plan
 
 
-def _missing_packages(precision: Any, use_deepspeed: bool, config: dict[str, Any]) -> list[str]:
+def _missing_packages(precision: Any, use_deepspeed: bool, config: dict[str, Any], rdzv: Value) -> list[str]:
     """Optional packages the launch needs and this environment lacks (found without importing them)."""
-    import importlib.util
-
     problems = []
     deepspeed = use_deepspeed or str(config.get("distributed_type") or "").upper() == "DEEPSPEED"
     if deepspeed and importlib.util.find_spec("deepspeed") is None:
@@ -168,6 +167,9 @@ def _missing_packages(precision: Any, use_deepspeed: bool, config: dict[str, Any
     if precision == "fp8" and not any(importlib.util.find_spec(name) for name in ("torchao", "transformer_engine")):
         problems.append("mixed_precision 'fp8' needs torchao (pip install torchao, or overdrive[fp8]) or "
                         "Transformer Engine; neither is installed")
+    if rdzv.value in ("etcd", "etcd-v2") and importlib.util.find_spec("etcd") is None:
+        problems.append(f"rdzv_backend {rdzv.value} (from {rdzv.source}): torchrun's etcd rendezvous needs the "
+                        "python-etcd package: pip install python-etcd (or overdrive[ft])")
     return problems
 
 
@@ -212,7 +214,7 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     restarts, interval, gpu_ids = pick("max_restarts"), pick("monitor_interval"), pick("gpu_ids")
     precision = pick("mixed_precision")
     if device is None:
-        problems += _missing_packages(precision.value, bool(_given(args, "use_deepspeed")), config)
+        problems += _missing_packages(precision.value, bool(_given(args, "use_deepspeed")), config, rdzv)
     elif precision.value == "fp8":  # a missing package or GPU fails here once, not in every worker
         from overdrive.precision.fp8 import fp8_unavailable
 
@@ -230,8 +232,8 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
         _check_together(num_processes, num_machines, machine_rank, Value("-", "") if fault_tolerant else ip, problems)
     if min_machines != num_machines.value and rdzv.value == "static":
         problems.append(f"num_machines {min_machines}:{num_machines.value} (from {machines.source}) is elastic: it "
-                        f"needs torchrun's dynamic rendezvous: add --rdzv_backend c10d (rdzv_backend static, from "
-                        f"{rdzv.source}), or give one number of machines")
+                        f"needs torchrun's dynamic rendezvous: add --rdzv_backend c10d (or etcd-v2, with an etcd "
+                        f"server; rdzv_backend static, from {rdzv.source}), or give one number of machines")
     plugin_config = _plugin_config(args, config, source, problems)
     extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
     command = _command(args, problems)

@@ -160,7 +160,7 @@ SETTINGS: tuple[Setting, ...] = (
       "or 1)", yaml=True, flag=True, group="resources", question="How many processes in all?"),
     S("num_machines", Int(minimum=1, metavar="N|MIN:MAX"), "machines taking part; the flag also takes MIN:MAX, an "
       "elastic job that goes on with as few as MIN machines after one is lost (overdrive's extension: torchrun's "
-      "--nnodes MIN:MAX, needs --rdzv_backend c10d and --max_restarts)", yaml=True, flag=True, group="resources",
+      "--nnodes MIN:MAX, needs --rdzv_backend c10d or etcd-v2 and --max_restarts)", yaml=True, flag=True, group="resources",
       default=1,
       question="How many machines will take part?"),
     S("num_cpu_threads_per_process", Int(minimum=1), "OMP_NUM_THREADS of each worker (default: this machine's "

@@ -60,6 +60,8 @@ class FaultTolerantStrategy(DDPStrategy):
         self.from_forward = False
         #: the quorum was asked for as a loader began: loader positions are taken from a healing state
         self.at_loader_start = False
+        #: when the step's quorum was asked for (a heal applied at the commit is timed from it)
+        self.quorum_started = 0.0
         self.reports = QuorumReports(settings, rank() == 0)
         self.manager = self._start_manager()
 
@@ -75,7 +77,7 @@ class FaultTolerantStrategy(DDPStrategy):
         try:
             manager = Manager(
                 pg=group, load_state_dict=self._load_state, state_dict=self._state, min_replica_size=1,
-                use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+                use_async_quorum=True, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
                 rank=rank(), world_size=world_size(), store_addr=store[0], store_port=store[1],
                 lighthouse_addr=self.ft.lighthouse, replica_id=f"{host}_{self.ft.replica_group}", hostname=host)
         except Exception as exc:
@@ -92,21 +94,46 @@ class FaultTolerantStrategy(DDPStrategy):
                 "again (--timeout sets how long to wait)")
 
     def start_quorum(self, from_forward: bool) -> None:
-        """Ask the lighthouse which groups take part in this step (heals this group first when it is behind)."""
-        started = time.perf_counter()
+        """Ask the lighthouse which groups take part in this step.
+
+        From a forward, the quorum runs beside it (torchft's asynchronous quorum, waited for when the forward
+        ends): a group that is behind heals when the step commits. As a loader begins, it is waited for at
+        once and a heal is applied at once, so that the group receives the data position before it draws its
+        first batch. Either way the healing group adds nothing to that step's average and the others divide
+        by their own number (torchft's asynchronous rule, which every group must follow alike), and it steps
+        with their average from the state they had before the step."""
+        self.quorum_started = time.perf_counter()
         self.from_forward, self.at_loader_start = from_forward, not from_forward
         try:
             self.manager.start_quorum()
+            if not from_forward:
+                self.wait_quorum()
+                manager: Any = self.manager
+                if manager._healing:  # the received state now, not at the commit (as torchft's own sync mode)
+                    manager._apply_pending_state_dict()
+                    manager._healing = False
+        except LighthouseLost:
+            raise
         except Exception as exc:
             raise LighthouseLost(self._lost_message(exc)) from exc
         finally:
             self.at_loader_start = False
         self.open = True
-        self.reports.after_quorum(time.perf_counter() - started)
+        if not from_forward:
+            self.reports.after_quorum(time.perf_counter() - self.quorum_started)
+
+    def wait_quorum(self) -> None:
+        """The step's quorum is formed (a lighthouse that cannot be reached ends the group here)."""
+        try:
+            self.manager.wait_quorum()
+        except Exception as exc:
+            raise LighthouseLost(self._lost_message(exc)) from exc
 
     def step_ended(self, committed: bool) -> None:
         """The optimizer stepped (``committed``) or dropped the step: the next forward asks for a new quorum."""
         self.open = False
+        if self.reports.received_bytes is not None:  # a heal applied at this commit
+            self.reports.after_quorum(time.perf_counter() - self.quorum_started)
         if not committed:
             self.reports.dropped(self.manager.current_step())
 
@@ -147,11 +174,16 @@ class FaultTolerantStrategy(DDPStrategy):
             _broadcast_from_first(model)  # torchft's DDP makes no broadcast of its own inside a group
         wrapped = ManagedDistributedDataParallel(self.manager, model, **options)
         wrapped.register_forward_pre_hook(self._before_forward)
+        wrapped.register_forward_hook(self._after_forward)
         return wrapped
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if not self.open and module.training and torch.is_grad_enabled():
             self.start_quorum(from_forward=True)
+
+    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.open and module.training and torch.is_grad_enabled():
+            self.wait_quorum()
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The module inside the data-parallel wrapper."""
@@ -235,7 +267,8 @@ class ManagedDistributedDataParallel(TorchftDDP):
     """torchft's ``DistributedDataParallel`` with a hook that survives a group lost mid-step: each gradient
     bucket is averaged over this group's processes (when it has several), then across the groups by the
     manager; when that average fails (a peer was lost), the manager has recorded the error, the step will not be
-    committed, and the bucket keeps its local value instead of ending the backward with an error."""
+    committed, and the bucket keeps its local value instead of ending the backward with an error. The average
+    across groups is not waited for in the hook: the backward goes on while it runs, as in plain DDP."""
 
     # No annotations: DDP checks them against real classes, and this module's are postponed strings.
     @staticmethod
@@ -244,14 +277,21 @@ class ManagedDistributedDataParallel(TorchftDDP):
         if world_size() > 1:
             dist.all_reduce(buffer)
             buffer.div_(world_size())
-        work = state.allreduce(buffer)
-        future = work.get_future() if work.wait() else None
-        # torchft's managed future wraps the one DDP needs (a work made after an error hands a plain one)
-        inner = getattr(future, "_fut", future)
-        if inner is None:
-            inner = torch.futures.Future()
-            inner.set_result(buffer)
-        return inner
+        work = state.allreduce(buffer, reduce_op=dist.ReduceOp.SUM)
+        sent = getattr(work, "_work", None)  # the process group's own work inside torchft's managed one
+        if sent is None:  # a work made after an error: complete already, with the bucket's value
+            return work.get_future()
+        participants = state.num_participants()
+
+        def average(future: torch.futures.Future) -> torch.Tensor:
+            future.value()  # raises when the sum failed
+            return buffer.div_(participants)
+
+        # Not waited for here: the backward goes on while the sum runs, as in plain DDP. torchft's own chain
+        # (work.wait()) binds its callbacks late, so it divides only when the sum is already done; the
+        # division is chained here instead, and a failed sum completes with the bucket's value and is
+        # recorded by the manager (the step is then not committed).
+        return state.wrap_future(sent.get_future().then(average), buffer)
 
 
 def _broadcast_from_first(model: nn.Module) -> None:
