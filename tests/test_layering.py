@@ -10,6 +10,7 @@ entry below. ARCHITECTURE.md explains the layers.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -18,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: A module may import from its own layer and the layers below.
 LAYERS: list[tuple[str, ...]] = [
     # 0 plain values: import nothing from the rest of overdrive
-    ("overdrive.config", "overdrive._version"),
+    ("overdrive.config", "overdrive._version", "overdrive._lazy"),
     # 1 where code runs: rank and world size (runtime/group.py, the one source), device, process group, mesh
     ("overdrive.runtime",),
     # 2 helpers over torch and the runtime: collectives over nested structures, logging, seeds, memory, the
@@ -72,27 +73,48 @@ def _type_checking_only(node: ast.AST) -> bool:
         or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    found: list[ast.Import | ast.ImportFrom] = []
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom | ast.Constant]:
+    """The imports and the string literals of ``tree``, outside ``if TYPE_CHECKING:`` blocks."""
+    found: list[ast.Import | ast.ImportFrom | ast.Constant] = []
     stack = [tree]
     while stack:
         node = stack.pop()
         if _type_checking_only(node):
             stack.extend(getattr(node, "orelse", []))
             continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (
+                isinstance(node, ast.Constant) and isinstance(node.value, str)):
             found.append(node)
         stack.extend(ast.iter_child_nodes(node))
     return found
 
 
+#: a string that names a module (``"overdrive.compat.worker"``, ``"overdrive.tracking.csv:CSVTracker"``): what
+#: ``importlib.import_module``, ``sys.modules`` lookups and the lazy-export tables take
+MODULE_NAME = re.compile(r"(overdrive(?:\.\w+)+)(?::[\w.]+)?")
+
+
+#: the package that serves Accelerate's dotted paths under ``overdrive`` (``compat/paths.py``): a string naming
+#: one of them depends on it
+SERVED_BY = "overdrive.compat"
+
+
+def named_module(text: str) -> str | None:
+    """The module a string literal names, or None: a dotted ``overdrive.`` path, optionally ``:Attribute``."""
+    match = MODULE_NAME.fullmatch(text)
+    return match[1] if match else None
+
+
 def imports_of(module: str) -> set[tuple[str, int]]:
-    """The overdrive modules ``module`` imports (as ``(target, line)``), resolved to existing modules."""
+    """The overdrive modules ``module`` imports or names in a string (as ``(target, line)``), resolved to
+    existing modules."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     targets: set[tuple[str, int]] = set()
     for node in _import_nodes(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Constant):
+            names = [name] if (name := named_module(node.value)) else []
+        elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:
             base = node.module or ""
@@ -102,9 +124,15 @@ def imports_of(module: str) -> set[tuple[str, int]]:
             # "from pkg import sub" imports the submodule pkg.sub when there is one
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         for name in names:
+            named = name
             while name and name not in MODULES:
                 name = name.rpartition(".")[0]
-            if name.startswith("overdrive") and name != module:
+            if isinstance(node, ast.Constant) and name == "overdrive" and named != "overdrive":
+                name = SERVED_BY  # an Accelerate path that no file holds (``"overdrive.big_modeling"``)
+            # a string inside its own folder is a registry's lazy entry (``tracking/base.py``'s built-in trackers):
+            # it orders nothing at import; across folders it is a dependency like an import
+            inside = isinstance(node, ast.Constant) and top_level(name) == top_level(module)
+            if name.startswith("overdrive") and name != module and not inside:
                 targets.add((name, node.lineno))
     return targets
 

@@ -110,7 +110,7 @@ def add_flag(group: argparse._ActionsContainer, name: str, *aliases: str, **kwar
 
 
 def add_setting_flag(group: argparse._ActionsContainer, setting: Any) -> None:
-    """The flag of a launch setting (``overdrive.config.launch_settings.Setting``), built from the schema:
+    """The flag of a launch setting (``overdrive.launchers.settings.Setting``), built from the schema:
     a switch, a repeatable flag, a boolean that may stand alone (``--fsdp_offload_params`` = true) or a
     value; every default is None so that a flag given can be told apart from one left out."""
     name, text = setting.flag_name, setting.help

@@ -15,9 +15,9 @@ from typing import Any
 
 from overdrive.cli import UsageError, add_flag, add_setting_flag
 from overdrive.config.choices import invalid_choice
-from overdrive.config.launch_settings import MIXED_PRECISION, Setting, by_name
-from overdrive.config.setting_kinds import Bool
 from overdrive.launchers import config_file as cf
+from overdrive.launchers.setting_kinds import Bool
+from overdrive.launchers.settings import MIXED_PRECISION, Setting, by_name
 
 SETTINGS = by_name()
 

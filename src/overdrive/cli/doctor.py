@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from overdrive.cli import UsageError, add_flag
-from overdrive.config.launch_settings import by_name
 from overdrive.launchers import config_file as cf
+from overdrive.launchers.settings import by_name
 
 DEFAULT_PORT = 29500
 MIN_FREE_BYTES = 1 << 30  # below 1 GiB free a checkpoint of any real model fails half-way

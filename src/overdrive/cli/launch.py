@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from overdrive.cli import Parser, UsageError, add_setting_flag, launch_extra
-from overdrive.config.launch_settings import GROUPS, Setting, by_name, current
 from overdrive.launchers import config_file as cf
+from overdrive.launchers.settings import GROUPS, Setting, by_name, current
 from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, launch_script
 
 # config file keys handed to the workers as they are, when the file has them (the other settings of the file

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from overdrive.config.choices import nearest
-from overdrive.config.launch_settings import SECTIONS, Setting, by_yaml_key
-from overdrive.config.setting_kinds import Bool
+from overdrive.launchers.setting_kinds import Bool
+from overdrive.launchers.settings import SECTIONS, Setting, by_yaml_key
 
 CONFIG_FILE_VAR = "OVERDRIVE_CONFIG_FILE"
 DEFAULT_NAME = "default_config.yaml"
@@ -49,7 +49,7 @@ def shown_path(path: str | os.PathLike) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-# -- checking a mapping against the launch-settings schema (config/launch_settings.py) ----------------------
+# -- checking a mapping against the launch-settings schema (launchers/settings.py) ----------------------
 def _plugin_keys(section: str) -> list[str]:
     """The keys a plugin section may hold besides the schema's: the plugin's fields and Accelerate's names."""
     from overdrive import config as plugins

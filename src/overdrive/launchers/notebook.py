@@ -20,15 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from overdrive.config.choices import invalid_choice
-from overdrive.config.launch_settings import MIXED_PRECISION, RDZV_BACKENDS
+from overdrive.launchers.failure_report import describe_failures
 from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, encode_launch_config
-from overdrive.launchers.torchrun import (
-    LaunchError,
-    default_threads,
-    describe_failures,
-    patched_environ,
-    quiet_torchelastic,
-)
+from overdrive.launchers.settings import MIXED_PRECISION, RDZV_BACKENDS
+from overdrive.launchers.torchrun import LaunchError, default_threads, patched_environ, quiet_torchelastic
 
 
 def _run_function(function: Callable[..., Any], threads: int, *args: Any) -> Any:
