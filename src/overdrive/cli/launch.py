@@ -7,6 +7,7 @@ the value, where it came from (the flag or the file and key) and the valid choic
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -16,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from overdrive.cli import Parser, UsageError, add_setting_flag, launch_extra
+from overdrive.cli.launch_trackers import tracker_problems
 from overdrive.launchers import config_file as cf
 from overdrive.launchers.settings import GROUPS, Setting, by_name, current
 from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, launch_script
+from overdrive.runtime.cluster import launch_defaults
 
 # config file keys handed to the workers as they are, when the file has them (the other settings of the file
 # reach them through launch_extra.apply_flags, over the flags)
@@ -76,6 +79,7 @@ def _plugin_config(args: argparse.Namespace, config: dict[str, Any], source: cf.
 
 def _plugin_problems(section: str, values: dict[str, Any]) -> list[str]:
     """What the plugin built from ``values`` in each worker would refuse."""
+    # lazy: the plugin dataclasses load only for a launch with a plugin section
     from overdrive.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
     try:
@@ -134,7 +138,7 @@ def read_config(args: argparse.Namespace) -> tuple[dict[str, Any], cf.ConfigSour
 
 
 def _device() -> tuple[str | None, int]:
-    import torch
+    import torch  # lazy: the first pass refuses bad arguments before torch loads
 
     if not torch.accelerator.is_available():
         return None, 0
@@ -158,8 +162,6 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
 
 def _missing_packages(precision: Any, use_deepspeed: bool, config: dict[str, Any]) -> list[str]:
     """Optional packages the launch needs and this environment lacks (found without importing them)."""
-    import importlib.util
-
     problems = []
     deepspeed = use_deepspeed or str(config.get("distributed_type") or "").upper() == "DEEPSPEED"
     if deepspeed and importlib.util.find_spec("deepspeed") is None:
@@ -170,74 +172,143 @@ def _missing_packages(precision: Any, use_deepspeed: bool, config: dict[str, Any
     return problems
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where the workers run: the device type and count found (None, 0 in the first pass or without one),
+    whether the CPU was asked for, whether the CPU is used, and whether each process trains alone (multi-GPU
+    asked for on a machine without a GPU, as Accelerate's launcher then does)."""
+
+    device_type: str | None
+    device_count: int
+    forced_cpu: bool
+    cpu: bool
+    alone: bool
+
+    @classmethod
+    def find(cls, args: argparse.Namespace, config: dict[str, Any], device: tuple[str | None, int] | None) -> _Place:
+        device_type, device_count = device or (None, 0)
+        forced_cpu = bool(_given(args, "cpu")) or (not _given(args, "multi_gpu") and (
+            config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
+        alone = device is not None and device_type is None and not forced_cpu and _asks_multi_gpu(args, config)
+        return cls(device_type, device_count, forced_cpu, forced_cpu or device_type is None, alone)
+
+
+class _Picker:
+    """One setting's value and where it came from: the flag, else a cluster manager's variable (the machine
+    settings under SLURM / Kubeflow: ``runtime.cluster.launch_defaults``), else the config file, else the
+    default. A bad flag value is added to ``problems``."""
+
+    def __init__(self, args: argparse.Namespace, config: dict[str, Any], source: cf.ConfigSource,
+                 problems: list[str]) -> None:
+        self.args, self.config, self.source, self.problems = args, config, source, problems
+        self.settings = by_name()
+        self.cluster, self.cluster_source = launch_defaults(os.environ)
+
+    def __call__(self, name: str, default: Any = None) -> Value:
+        setting = self.settings[name]
+        default = setting.default if default is None else default
+        flag = _given(self.args, name)
+        if flag is not None:
+            value = _check(setting, f"--{setting.flag_name}", flag, self.problems)
+            if value != -1:  # num_processes -1: Accelerate's "not set"
+                return Value(value, f"--{setting.flag_name}")
+        if name in self.cluster:
+            return Value(self.cluster[name], self.cluster_source)
+        key = setting.yaml_key
+        if key and key in self.config and self.config[key] is not None and self.config[key] != -1:
+            return Value(self.config[key], f"{self.source.path} ({key})")
+        return Value(default, "default")
+
+
+@dataclass(frozen=True)
+class _Picked:
+    """The launcher's own settings, each with where it came from."""
+
+    num_processes: Value
+    machines: Value  # as given: N, or MIN:MAX for an elastic job
+    min_machines: int
+    num_machines: Value
+    machine_rank: Value
+    ip: Value
+    port: Value
+    rdzv: Value
+    rdzv_conf: Value
+    same_network: Value
+    restarts: Value
+    interval: Value
+    gpu_ids: Value
+    precision: Value
+    accumulation: Value
+    threads: Value
+    debug: Value
+    timeout: Value
+    stall: Value
+    dynamo: str
+
+
+def _pick_settings(pick: _Picker, place: _Place) -> _Picked:
+    """Every setting the launcher reads itself; the number of processes defaults to one per GPU."""
+    args, problems = pick.args, pick.problems
+    given = _given(args, "num_machines")  # MIN:MAX (elastic) is overdrive's own form: not the schema's integer
+    machines = Value(given, "--num_machines") if given is not None and ":" in str(given) else pick("num_machines")
+    min_machines, num_machines = _machine_range(machines, problems)
+    return _Picked(
+        num_processes=pick("num_processes", place.device_count if not place.cpu and place.device_count else 1),
+        machines=machines, min_machines=min_machines, num_machines=num_machines,
+        machine_rank=pick("machine_rank"), ip=pick("main_process_ip"), port=pick("main_process_port"),
+        rdzv=pick("rdzv_backend"), rdzv_conf=pick("rdzv_conf"), same_network=pick("same_network"),
+        restarts=pick("max_restarts"), interval=pick("monitor_interval"), gpu_ids=pick("gpu_ids"),
+        precision=pick("mixed_precision"), accumulation=pick("gradient_accumulation_steps"),
+        threads=pick("num_cpu_threads_per_process"), debug=pick("debug"), timeout=pick("timeout"),
+        stall=pick("stall_timeout"), dynamo=_dynamo_backend(args, pick.config, problems))
+
+
+def _precision_problems(picked: _Picked, args: argparse.Namespace, config: dict[str, Any], place: _Place,
+                        first_pass: bool) -> list[str]:
+    """A missing optional package (first pass), or fp8 this machine cannot run: refused once, here, not in
+    every worker."""
+    precision = picked.precision
+    if first_pass:
+        return _missing_packages(precision.value, bool(_given(args, "use_deepspeed")), config)
+    if precision.value != "fp8":
+        return []
+    from overdrive.precision.fp8 import fp8_unavailable  # lazy: it imports torch (second pass only)
+
+    backend = _given(args, "fp8_backend") or (config.get("fp8_config") or {}).get("backend")
+    problem = fp8_unavailable(backend, "cpu" if place.cpu else place.device_type)
+    return [f"{precision.source}: mixed_precision 'fp8': {problem}"] if problem else []
+
+
+def _machine_problems(picked: _Picked, args: argparse.Namespace, config: dict[str, Any], first_pass: bool,
+                      problems: list[str]) -> None:
+    """The process and machine counts together, and an elastic job's rendezvous."""
+    if not problems and (not first_pass or picked.num_processes.source != "default"):
+        # fault-tolerant machines never meet in one rendezvous: each is a replica group on its own
+        fault_tolerant = bool(_given(args, "ft_lighthouse") or config.get("ft_lighthouse"))
+        _check_together(picked.num_processes, picked.num_machines, picked.machine_rank,
+                        Value("-", "") if fault_tolerant else picked.ip, problems)
+    if picked.min_machines != picked.num_machines.value and picked.rdzv.value == "static":
+        problems.append(f"num_machines {picked.min_machines}:{picked.num_machines.value} (from "
+                        f"{picked.machines.source}) is elastic: it needs torchrun's dynamic rendezvous: add "
+                        f"--rdzv_backend c10d (rdzv_backend static, from {picked.rdzv.source}), or give one number "
+                        "of machines")
+
+
 def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
           ) -> tuple[LaunchPlan, Command, str] | None:
     """``plan_launch``'s pass: with ``device`` None, only the checks that need no torch (returns None)."""
     config, source = read_config(args)
     problems: list[str] = []
-    from overdrive.runtime.cluster import launch_defaults
-
-    cluster, cluster_source = launch_defaults(os.environ)  # one launcher per machine under SLURM / Kubeflow
-
-    settings = by_name()
-
-    def pick(name: str, default: Any = None) -> Value:
-        setting = settings[name]
-        default = setting.default if default is None else default
-        flag = _given(args, name)
-        if flag is not None:
-            value = _check(setting, f"--{setting.flag_name}", flag, problems)
-            if value != -1:  # num_processes -1: Accelerate's "not set"
-                return Value(value, f"--{setting.flag_name}")
-        if name in cluster:
-            return Value(cluster[name], cluster_source)
-        key = setting.yaml_key
-        if key and key in config and config[key] is not None and config[key] != -1:
-            return Value(config[key], f"{source.path} ({key})")
-        return Value(default, "default")
-
-    device_type, device_count = device or (None, 0)
-    forced_cpu = bool(_given(args, "cpu")) or (
-        not _given(args, "multi_gpu") and (config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
-    cpu = forced_cpu or device_type is None
-    alone = device is not None and device_type is None and not forced_cpu and _asks_multi_gpu(args, config)
-    num_processes = pick("num_processes", device_count if not cpu and device_count else 1)
-    given = _given(args, "num_machines")  # MIN:MAX (elastic) is overdrive's own form: not the schema's integer
-    machines = Value(given, "--num_machines") if given is not None and ":" in str(given) else pick("num_machines")
-    min_machines, num_machines = _machine_range(machines, problems)
-    machine_rank = pick("machine_rank")
-    ip, port = pick("main_process_ip"), pick("main_process_port")
-    rdzv, rdzv_conf, same_network = pick("rdzv_backend"), pick("rdzv_conf"), pick("same_network")
-    restarts, interval, gpu_ids = pick("max_restarts"), pick("monitor_interval"), pick("gpu_ids")
-    precision = pick("mixed_precision")
-    if device is None:
-        problems += _missing_packages(precision.value, bool(_given(args, "use_deepspeed")), config)
-    elif precision.value == "fp8":  # a missing package or GPU fails here once, not in every worker
-        from overdrive.precision.fp8 import fp8_unavailable
-
-        backend = _given(args, "fp8_backend") or (config.get("fp8_config") or {}).get("backend")
-        fp8_problem = fp8_unavailable(backend, "cpu" if cpu else device_type)
-        if fp8_problem:
-            problems.append(f"{precision.source}: mixed_precision 'fp8': {fp8_problem}")
-    accumulation, threads = pick("gradient_accumulation_steps"), pick("num_cpu_threads_per_process")
-    debug, timeout, stall = pick("debug"), pick("timeout"), pick("stall_timeout")
-    dynamo = _dynamo_backend(args, config, problems)
-
-    if not problems and (device is not None or num_processes.source != "default"):
-        # fault-tolerant machines never meet in one rendezvous: each is a replica group on its own
-        fault_tolerant = bool(_given(args, "ft_lighthouse") or config.get("ft_lighthouse"))
-        _check_together(num_processes, num_machines, machine_rank, Value("-", "") if fault_tolerant else ip, problems)
-    if min_machines != num_machines.value and rdzv.value == "static":
-        problems.append(f"num_machines {min_machines}:{num_machines.value} (from {machines.source}) is elastic: it "
-                        f"needs torchrun's dynamic rendezvous: add --rdzv_backend c10d (rdzv_backend static, from "
-                        f"{rdzv.source}), or give one number of machines")
+    pick = _Picker(args, config, source, problems)
+    place = _Place.find(args, config, device)
+    picked = _pick_settings(pick, place)
+    problems += _precision_problems(picked, args, config, place, first_pass=device is None)
+    _machine_problems(picked, args, config, device is None, problems)
     plugin_config = _plugin_config(args, config, source, problems)
-    extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
+    extra_config = launch_extra.apply_flags(args, config, str(picked.precision.value), problems)
     command = _command(args, problems)
     guesses: list[str] = []
     if device is None and command.target and not command.no_python:  # a missing tracker package, named once
-        from overdrive.cli.launch_trackers import tracker_problems
-
         certain, guesses = tracker_problems(None if command.module else command.target, command.args)
         problems += certain
     if extra_config.get("ft_lighthouse") and not problems:
@@ -249,53 +320,72 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
             for line in guesses:  # read from the source, which may never run it: a warning, not a refusal
                 print(f"overdrive launch: warning: {line}", file=sys.stderr, flush=True)
         return None
+    worker_config = _worker_config(picked, place, config, source, {**plugin_config, **extra_config})
+    plan = _launch_plan(picked, place, worker_config, args)
+    return plan, command, _summary_line(plan, place, args, source)
 
-    local = num_processes.value // num_machines.value
-    visible = {}
-    if not cpu and gpu_ids.value != "all" and device_type in DEVICE_VARIABLES:
-        visible[DEVICE_VARIABLES[device_type]] = gpu_ids.value
+
+def _worker_config(picked: _Picked, place: _Place, config: dict[str, Any], source: cf.ConfigSource,
+                   flags_config: dict[str, Any]) -> dict[str, Any]:
+    """The launch config every worker reads: the config file's sections, the flags' settings over them, and
+    the launcher's own settings."""
+    local = picked.num_processes.value // picked.num_machines.value
+    settings = by_name()
     keys = {name: settings[name].yaml_key for name in PASSTHROUGH}
     worker_config = {name: config[key] for name, key in keys.items() if key in config}
-    worker_config.update(plugin_config)
-    worker_config.update(extra_config)
+    worker_config.update(flags_config)
+    threads = picked.threads.value or _inherited_threads() or default_threads(local)
     worker_config.update(
-        cpu=cpu and not alone, mixed_precision=precision.value, gradient_accumulation_steps=accumulation.value,
-        dynamo_backend=dynamo, debug=debug.value, num_processes=num_processes.value,
-        num_machines=num_machines.value, machine_rank=machine_rank.value, main_process_ip=ip.value,
-        main_process_port=port.value, rdzv_backend=rdzv.value, same_network=same_network.value,
-        gpu_ids=gpu_ids.value, num_cpu_threads_per_process=threads.value or _inherited_threads() or default_threads(local),
-        config_file=str(source.path) if source.path else None,
-    )
-    if timeout.value is not None:
-        worker_config["timeout"] = timeout.value
-    if stall.value is not None:
-        worker_config["stall_timeout"] = stall.value
-    machines_plan = (num_processes.value, num_machines.value, machine_rank.value, ip.value, min_machines)
-    if extra_config.get("ft_lighthouse"):  # each machine is one replica group: its own torchrun, on itself
-        worker_config.setdefault("ft_replica_group", machine_rank.value)
-        worker_config.setdefault("ft_num_replica_groups", num_machines.value)
-        machines_plan = (local, 1, 0, "127.0.0.1", 1)
-    group_processes, group_machines, group_rank, group_ip, group_min = machines_plan
-    plan = LaunchPlan(
-        num_processes=group_processes, num_machines=group_machines, machine_rank=group_rank,
-        main_process_ip=group_ip, main_process_port=port.value, rdzv_backend=rdzv.value, min_machines=group_min,
-        rdzv_conf=rdzv_conf.value or "", max_restarts=restarts.value, monitor_interval=interval.value,
-        num_cpu_threads_per_process=threads.value, visible_devices=visible, worker_config=worker_config,
-        log_dir=_given(args, "log_dir"), tee=_given(args, "tee"), role=_given(args, "role") or "default",
-        debug=bool(debug.value), quiet=bool(_given(args, "quiet")),
-    )
-    if device_type is None:
+        cpu=place.cpu and not place.alone, mixed_precision=picked.precision.value,
+        gradient_accumulation_steps=picked.accumulation.value, dynamo_backend=picked.dynamo,
+        debug=picked.debug.value, num_processes=picked.num_processes.value, num_machines=picked.num_machines.value,
+        machine_rank=picked.machine_rank.value, main_process_ip=picked.ip.value, main_process_port=picked.port.value,
+        rdzv_backend=picked.rdzv.value, same_network=picked.same_network.value, gpu_ids=picked.gpu_ids.value,
+        num_cpu_threads_per_process=threads, config_file=str(source.path) if source.path else None)
+    if picked.timeout.value is not None:
+        worker_config["timeout"] = picked.timeout.value
+    if picked.stall.value is not None:
+        worker_config["stall_timeout"] = picked.stall.value
+    if worker_config.get("ft_lighthouse"):  # each machine is one replica group
+        worker_config.setdefault("ft_replica_group", picked.machine_rank.value)
+        worker_config.setdefault("ft_num_replica_groups", picked.num_machines.value)
+    return worker_config
+
+
+def _launch_plan(picked: _Picked, place: _Place, worker_config: dict[str, Any],
+                 args: argparse.Namespace) -> LaunchPlan:
+    """The plan torchrun runs on this machine; a fault-tolerant machine runs its own torchrun, on itself."""
+    visible = {}
+    if not place.cpu and picked.gpu_ids.value != "all" and place.device_type in DEVICE_VARIABLES:
+        visible[DEVICE_VARIABLES[place.device_type]] = picked.gpu_ids.value
+    machines = (picked.num_processes.value, picked.num_machines.value, picked.machine_rank.value, picked.ip.value,
+                picked.min_machines)
+    if worker_config.get("ft_lighthouse"):
+        machines = (picked.num_processes.value // picked.num_machines.value, 1, 0, "127.0.0.1", 1)
+    processes, num_machines, machine_rank, ip, min_machines = machines
+    return LaunchPlan(
+        num_processes=processes, num_machines=num_machines, machine_rank=machine_rank, main_process_ip=ip,
+        main_process_port=picked.port.value, rdzv_backend=picked.rdzv.value, min_machines=min_machines,
+        rdzv_conf=picked.rdzv_conf.value or "", max_restarts=picked.restarts.value,
+        monitor_interval=picked.interval.value, num_cpu_threads_per_process=picked.threads.value,
+        visible_devices=visible, worker_config=worker_config, log_dir=_given(args, "log_dir"),
+        tee=_given(args, "tee"), role=_given(args, "role") or "default", debug=bool(picked.debug.value),
+        quiet=bool(_given(args, "quiet")))
+
+
+def _summary_line(plan: LaunchPlan, place: _Place, args: argparse.Namespace, source: cf.ConfigSource) -> str:
+    """The one line that says what will run, with why the CPU is used."""
+    if place.alone and plan.num_processes > 1:
+        return (f"overdrive launch: starting {plan.processes_per_machine} processes on the CPU, each training alone "
+                "(world size 1): multi-GPU was asked for on a machine with no GPU, and accelerate launch does the "
+                "same; add --cpu to train them as one run on gloo" + (f"; config: {source.path}" if source.path else ""))
+    if place.device_type is None:
         cpu_reason = " (no GPU found)"
     elif _given(args, "cpu"):
         cpu_reason = " (--cpu)"
     else:
-        cpu_reason = " (the config file asks for the CPU)" if forced_cpu else ""
-    summary = _summary(plan, cpu, cpu_reason, device_type, source)
-    if alone and plan.num_processes > 1:
-        summary = (f"overdrive launch: starting {plan.processes_per_machine} processes on the CPU, each training alone "
-                   "(world size 1): multi-GPU was asked for on a machine with no GPU, and accelerate launch does the "
-                   "same; add --cpu to train them as one run on gloo" + (f"; config: {source.path}" if source.path else ""))
-    return plan, command, summary
+        cpu_reason = " (the config file asks for the CPU)" if place.forced_cpu else ""
+    return _summary(plan, place.cpu, cpu_reason, place.device_type, source)
 
 
 def _asks_multi_gpu(args: argparse.Namespace, config: dict[str, Any]) -> bool:
@@ -309,7 +399,7 @@ def _asks_multi_gpu(args: argparse.Namespace, config: dict[str, Any]) -> bool:
 
 def _lighthouse_problems(address: str) -> list[str]:
     """A fault-tolerant launch is refused when nothing answers at its lighthouse."""
-    from overdrive.cli.lighthouse import check_lighthouse
+    from overdrive.cli.lighthouse import check_lighthouse  # lazy: only a fault-tolerant launch asks (socket)
 
     why = check_lighthouse(address)
     if why is None:
@@ -417,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
     if not plan.quiet:
         print(summary, file=sys.stderr, flush=True)
         if not command.as_accelerate and not command.no_python and not command.module:
-            from overdrive.cli.launch_hints import accelerate_line
+            from overdrive.cli.launch_hints import accelerate_line  # lazy: only when the summary is shown
 
             line = accelerate_line(command.target)
             if line:
