@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _device() -> tuple[str, int]:
-    import torch
+    import torch  # lazy: `overdrive --help` builds this parser; torch loads only when a file is written
 
     if not torch.accelerator.is_available():
         return "cpu", 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overdrive.cli import Parser, UsageError, add_setting_flag, launch_extra
+from overdrive.cli import Parser, UsageError, add_setting_flag, launch_features
 from overdrive.cli.launch_trackers import tracker_problems
 from overdrive.launchers import config_file as cf
 from overdrive.launchers.settings import GROUPS, Setting, by_name, current
@@ -24,7 +24,7 @@ from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, l
 from overdrive.runtime.cluster import launch_defaults
 
 # config file keys handed to the workers as they are, when the file has them (the other settings of the file
-# reach them through launch_extra.apply_flags, over the flags)
+# reach them through launch_features.apply_flags, over the flags)
 PASSTHROUGH = ("distributed_type", "dynamo_config", "fsdp_config", "deepspeed_config", "megatron_lm_config",
                "fp8_config", "parallelism_config", "ipex_config")
 #: the plugin sections whose flags need their switch: section -> (distributed_type, switch flag)
@@ -305,14 +305,14 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     problems += _precision_problems(picked, args, config, place, first_pass=device is None)
     _machine_problems(picked, args, config, device is None, problems)
     plugin_config = _plugin_config(args, config, source, problems)
-    extra_config = launch_extra.apply_flags(args, config, str(picked.precision.value), problems)
+    feature_config = launch_features.apply_flags(args, config, str(picked.precision.value), problems)
     command = _command(args, problems)
     guesses: list[str] = []
     if device is None and command.target and not command.no_python:  # a missing tracker package, named once
         certain, guesses = tracker_problems(None if command.module else command.target, command.args)
         problems += certain
-    if extra_config.get("ft_lighthouse") and not problems:
-        problems += _lighthouse_problems(str(extra_config["ft_lighthouse"]))
+    if feature_config.get("ft_lighthouse") and not problems:
+        problems += _lighthouse_problems(str(feature_config["ft_lighthouse"]))
     if problems:
         raise UsageError(problems)
     if device is None:
@@ -320,7 +320,7 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
             for line in guesses:  # read from the source, which may never run it: a warning, not a refusal
                 print(f"overdrive launch: warning: {line}", file=sys.stderr, flush=True)
         return None
-    worker_config = _worker_config(picked, place, config, source, {**plugin_config, **extra_config})
+    worker_config = _worker_config(picked, place, config, source, {**plugin_config, **feature_config})
     plan = _launch_plan(picked, place, worker_config, args)
     return plan, command, _summary_line(plan, place, args, source)
 

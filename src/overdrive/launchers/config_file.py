@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from overdrive import config as plugins
 from overdrive.config.choices import nearest
 from overdrive.launchers.setting_kinds import Bool
 from overdrive.launchers.settings import SECTIONS, Setting, by_yaml_key
@@ -52,10 +53,8 @@ def shown_path(path: str | os.PathLike) -> str:
 # -- checking a mapping against the launch-settings schema (launchers/settings.py) ----------------------
 def _plugin_keys(section: str) -> list[str]:
     """The keys a plugin section may hold besides the schema's: the plugin's fields and Accelerate's names."""
-    from overdrive import config as plugins
-
     if section == "deepspeed_config":
-        from overdrive.config.deepspeed_json import CONFIG_KEYS
+        from overdrive.config.deepspeed_json import CONFIG_KEYS  # lazy: only a file with a DeepSpeed section
 
         return [*CONFIG_KEYS, *plugins.field_names(plugins.DeepSpeedPlugin)]
     return [*plugins.FSDP_CONFIG_KEYS, *plugins.field_names(plugins.FullyShardedDataParallelPlugin)]
@@ -160,7 +159,7 @@ def save_config(config: Mapping[str, Any], path: str | os.PathLike) -> Path:
     if path.suffix == ".json":
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     else:
-        import yaml
+        import yaml  # lazy: PyYAML loads only when a YAML file is read or written
 
         text = yaml.safe_dump(data, sort_keys=True)
     try:
@@ -212,7 +211,7 @@ def load_yaml(text: str, repeated: list[str] | None = None) -> Any:
     """``yaml.safe_load`` (a key given twice in one mapping keeps its last value, as in PyYAML), refusing
     documents whose aliases expand to more than ``MAX_YAML_VALUES`` values (checked on the node graph,
     before anything is built). Each repeated key is described in ``repeated``, with its lines."""
-    import yaml
+    import yaml  # lazy: PyYAML loads only when a YAML file is read or written
 
     loader = yaml.SafeLoader(text)
     try:
@@ -226,7 +225,7 @@ def load_yaml(text: str, repeated: list[str] | None = None) -> Any:
 
 
 def _check_nodes(root: Any, repeated: list[str]) -> None:
-    import yaml
+    import yaml  # lazy: as in _load (already loaded by then)
 
     sizes: dict[int, int] = {}
 

@@ -18,7 +18,7 @@ LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"
 #: which the launcher must not name.
 AS_ACCELERATE_VAR = "OVERDRIVE_AS_ACCELERATE"
 #: Every variable of Accelerate's that the resolver reads starts with one of these (a test checks the schema):
-#: without one, the schema (~45 M instructions to import) is not loaded at all.
+#: without one, the schema is not loaded at all (a run started without Accelerate's variables never needs it).
 ACCELERATE_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "OVERDRIVE_FT_")
 
 
@@ -28,6 +28,7 @@ def launch_config() -> dict[str, Any]:
     empty when started another way."""
     from_accelerate: dict[str, Any] = {}
     if any(name.startswith(ACCELERATE_PREFIXES) for name in os.environ):
+        # lazy: the schema loads only when one of Accelerate's variables is set
         from overdrive.launchers.accelerate_variables import settings_from_environment
 
         from_accelerate = settings_from_environment(os.environ)

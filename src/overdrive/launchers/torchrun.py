@@ -235,10 +235,11 @@ class RestartReporter(logging.Handler):
 
 def launch_script(plan: LaunchPlan, command: Command) -> int:
     """Run ``command`` as ``plan`` says; return the exit code (0, or the first failed rank's)."""
+    # lazy: torch loads after the arguments are checked (a refusal never waits for it)
     from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # lazy: as above
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: as above
+    from torch.distributed.elastic.rendezvous.api import RendezvousError  # lazy: as above
 
     # A directory of this run's own, also inside --log_dir, so that no earlier run's logs are shown or reported.
     if plan.log_dir:
