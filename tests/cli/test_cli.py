@@ -12,7 +12,8 @@ import yaml
 
 from overdrive.launchers import config_file as cf
 from overdrive.launchers.failure_report import describe_failures, traceback_tail
-from overdrive.launchers.torchrun import Command, LaunchPlan, torchrun_argv
+from overdrive.launchers.launch_plan import Command, LaunchPlan
+from overdrive.launchers.torchrun import torchrun_argv
 from overdrive.runtime.cluster import _tasks_per_node, detect_process_info, first_host
 from tests.support.cli import clean_env, overdrive
 

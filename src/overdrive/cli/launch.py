@@ -19,8 +19,8 @@ from typing import Any
 from overdrive.cli import Parser, UsageError, add_setting_flag, launch_features
 from overdrive.cli.launch_trackers import tracker_problems
 from overdrive.launchers import config_file as cf
+from overdrive.launchers.launch_plan import Command, LaunchPlan, default_threads
 from overdrive.launchers.settings import GROUPS, Setting, by_name, current
-from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, launch_script
 from overdrive.runtime.cluster import launch_defaults
 
 # config file keys handed to the workers as they are, when the file has them (the other settings of the file
@@ -504,6 +504,9 @@ def run(args: argparse.Namespace) -> int:
     """``overdrive launch``: resolve the flags and config into a plan, print its summary (unless ``--quiet``)
     and run the script through torchrun; returns the launch's exit status."""
     plan, command, summary = plan_launch(args)
+    # lazy: the launcher's machinery (subprocess, the failure report) loads once the arguments are accepted
+    from overdrive.launchers.torchrun import launch_script
+
     if not plan.quiet:
         print(summary, file=sys.stderr, flush=True)
         if not command.as_accelerate and not command.no_python and not command.module:

@@ -24,9 +24,10 @@ import torch.distributed as dist
 
 from overdrive.config.choices import invalid_choice
 from overdrive.launchers.failure_report import describe_failures
+from overdrive.launchers.launch_plan import default_threads
 from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, encode_launch_config
 from overdrive.launchers.settings import MIXED_PRECISION, RDZV_BACKENDS
-from overdrive.launchers.torchrun import LaunchError, default_threads, patched_environ, quiet_torchelastic
+from overdrive.launchers.torchrun import LaunchError, patched_environ, quiet_torchelastic
 from overdrive.runtime.cluster import detect_process_info
 from overdrive.runtime.device import select_device
 from overdrive.runtime.process_group import ensure_process_group
