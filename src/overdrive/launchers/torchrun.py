@@ -6,8 +6,9 @@ elastic agent starts, watches and restarts the workers; nothing here manages pro
 settings reach every worker as one JSON value in ``OVERDRIVE_LAUNCH_CONFIG``.
 
 Each worker's stderr goes to a file in the run's log directory (torchrun's ``--redirects 2``) and is
-copied to this process's stderr as it is written, so that when a rank fails the launcher can show the
-end of its traceback next to its rank and exit code.
+copied to this process's stderr as it is written (``stderr_copier.py``), so that when a rank fails the launcher
+can show the end of its traceback next to its rank and exit code (``failure_report.py``). What a launch leaves
+behind, a worker's children in a session of their own and the log folder, is ended by ``process_tree.py``.
 """
 
 from __future__ import annotations
