@@ -151,8 +151,8 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     ``runtime.cluster.launch_defaults`` > config file > defaults), what each worker runs, and the one line
     that says what will run. Raises ``UsageError`` listing every problem.
 
-    Two passes: the first knows nothing of the devices and imports no torch (a mistyped value is refused in
-    a fraction of a second, not after torch's 2-10 s import); the second finds the devices and checks what
+    Two passes: the first knows nothing of the devices and imports no torch (a mistyped value is refused
+    at once, not after torch's import, which takes seconds); the second finds the devices and checks what
     depends on them (the default process count, fp8 on this GPU)."""
     _plan(args, device=None)
     plan = _plan(args, device=_device())
