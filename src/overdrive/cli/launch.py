@@ -7,16 +7,25 @@ the value, where it came from (the flag or the file and key) and the valid choic
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from overdrive.cli import Parser, UsageError, add_setting_flag, launch_features
+from overdrive.cli.launch_checks import (
+    Value,
+    check_together,
+    check_value,
+    command_of,
+    dynamo_backend,
+    flag_value,
+    lighthouse_problems,
+    machine_range,
+    missing_packages,
+    plugin_sections,
+)
 from overdrive.cli.launch_trackers import tracker_problems
 from overdrive.launchers import config_file as cf
 from overdrive.launchers.launch_plan import Command, LaunchPlan, default_threads
@@ -27,8 +36,6 @@ from overdrive.runtime.cluster import launch_defaults
 # reach them through launch_features.apply_flags, over the flags)
 PASSTHROUGH = ("distributed_type", "dynamo_config", "fsdp_config", "deepspeed_config", "megatron_lm_config",
                "fp8_config", "parallelism_config", "ipex_config")
-#: the plugin sections whose flags need their switch: section -> (distributed_type, switch flag)
-PLUGIN_SECTIONS = {"deepspeed_config": ("DEEPSPEED", "--use_deepspeed"), "fsdp_config": ("FSDP", "--use_fsdp")}
 
 DEVICE_VARIABLES = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK", "npu": "ASCEND_RT_VISIBLE_DEVICES",
                     "mlu": "MLU_VISIBLE_DEVICES", "musa": "MUSA_VISIBLE_DEVICES", "hpu": "HABANA_VISIBLE_MODULES"}
@@ -47,50 +54,6 @@ def add_launch_flags(parser: argparse.ArgumentParser, settings: Sequence[Setting
         groups["other"].add_argument(spelling, dest="tpu_use_cluster", action="store_false", help=argparse.SUPPRESS)
 
 
-def _plugin_config(args: argparse.Namespace, config: dict[str, Any], source: cf.ConfigSource,
-                   problems: list[str]) -> dict[str, Any]:
-    """``distributed_type`` and the ``deepspeed_config`` / ``fsdp_config`` the workers get: the config file's,
-    with the flags given on top, checked here so that a mistake stops the launch, not every worker."""
-    use_deepspeed, use_fsdp = bool(_given(args, "use_deepspeed")), bool(_given(args, "use_fsdp"))
-    if use_deepspeed and use_fsdp:
-        problems.append("--use_deepspeed and --use_fsdp cannot be used together; choose one")
-        return {}
-    kind = "DEEPSPEED" if use_deepspeed else "FSDP" if use_fsdp else str(config.get("distributed_type") or "")
-    out: dict[str, Any] = {"distributed_type": kind} if use_deepspeed or use_fsdp else {}
-    for section, (wanted, switch) in PLUGIN_SECTIONS.items():
-        given = {s: _given(args, s.name) for s in current()
-                 if s.flag_name and s.place[0] == section and _given(args, s.name) is not None}
-        if given and kind != wanted:
-            names = ", ".join(f"--{s.flag_name}" for s in given)
-            problems.append(f"{names} {'is a flag' if len(given) == 1 else 'are flags'} of {wanted}: add {switch} "
-                            f"(or distributed_type: {wanted} in the config file{f' {source.path}' if source.path else ''})")
-            continue
-        if kind != wanted:
-            continue
-        values = dict(config.get(section) or {})
-        for setting, raw in given.items():
-            values[setting.place[1]] = _check(setting, f"--{setting.flag_name}", raw, problems)
-        if values.get("deepspeed_config_file"):  # the workers may start elsewhere
-            values["deepspeed_config_file"] = str(Path(values["deepspeed_config_file"]).expanduser().absolute())
-        out[section] = values
-        problems.extend(_plugin_problems(section, values))
-    return out
-
-
-def _plugin_problems(section: str, values: dict[str, Any]) -> list[str]:
-    """What the plugin built from ``values`` in each worker would refuse."""
-    # lazy: the plugin dataclasses load only for a launch with a plugin section
-    from overdrive.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin
-
-    try:
-        if section == "fsdp_config":
-            FullyShardedDataParallelPlugin.from_config_dict(values)
-            return []
-        return [f"DeepSpeed: {problem}" for problem in DeepSpeedPlugin.from_config_dict(values).problems()]
-    except (ValueError, TypeError, OSError) as exc:
-        return [f"{'FSDP' if section == 'fsdp_config' else 'DeepSpeed'}: {exc}"]
-
-
 def add_parser(sub: Any) -> None:
     """Register ``overdrive launch`` (``accelerate launch``'s flags), the script and its arguments."""
     parser: Parser = sub.add_parser(
@@ -104,29 +67,12 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-@dataclass(frozen=True)
-class Value:
-    value: Any
-    source: str
-
-
-def _given(args: argparse.Namespace, name: str) -> Any:
-    return getattr(args, name, None)
-
-
-def _check(setting: Setting, label: str, raw: Any, problems: list[str]) -> Any:
-    value, problem = setting.check(label, raw)
-    if problem:
-        problems.append(problem)
-    return value
-
-
 def read_config(args: argparse.Namespace) -> tuple[dict[str, Any], cf.ConfigSource]:
     """The config file launch reads (``--config_file``, else the default one, if any) and where it came from.
 
     Returns ``({}, source)`` when there is none. Raises ``UsageError`` for a file that is invalid, or
     missing when ``--config_file`` named it."""
-    source = cf.find_config(_given(args, "config_file"))
+    source = cf.find_config(flag_value(args, "config_file"))
     if source.path is None:
         return {}, source
     try:
@@ -160,18 +106,6 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     return plan
 
 
-def _missing_packages(precision: Any, use_deepspeed: bool, config: dict[str, Any]) -> list[str]:
-    """Optional packages the launch needs and this environment lacks (found without importing them)."""
-    problems = []
-    deepspeed = use_deepspeed or str(config.get("distributed_type") or "").upper() == "DEEPSPEED"
-    if deepspeed and importlib.util.find_spec("deepspeed") is None:
-        problems.append("DeepSpeed is not installed: pip install deepspeed (or overdrive[deepspeed])")
-    if precision == "fp8" and not any(importlib.util.find_spec(name) for name in ("torchao", "transformer_engine")):
-        problems.append("mixed_precision 'fp8' needs torchao (pip install torchao, or overdrive[fp8]) or "
-                        "Transformer Engine; neither is installed")
-    return problems
-
-
 @dataclass(frozen=True)
 class _Place:
     """Where the workers run: the device type and count found (None, 0 in the first pass or without one),
@@ -187,7 +121,7 @@ class _Place:
     @classmethod
     def find(cls, args: argparse.Namespace, config: dict[str, Any], device: tuple[str | None, int] | None) -> _Place:
         device_type, device_count = device or (None, 0)
-        forced_cpu = bool(_given(args, "cpu")) or (not _given(args, "multi_gpu") and (
+        forced_cpu = bool(flag_value(args, "cpu")) or (not flag_value(args, "multi_gpu") and (
             config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
         alone = device is not None and device_type is None and not forced_cpu and _asks_multi_gpu(args, config)
         return cls(device_type, device_count, forced_cpu, forced_cpu or device_type is None, alone)
@@ -207,9 +141,9 @@ class _Picker:
     def __call__(self, name: str, default: Any = None) -> Value:
         setting = self.settings[name]
         default = setting.default if default is None else default
-        flag = _given(self.args, name)
+        flag = flag_value(self.args, name)
         if flag is not None:
-            value = _check(setting, f"--{setting.flag_name}", flag, self.problems)
+            value = check_value(setting, f"--{setting.flag_name}", flag, self.problems)
             if value != -1:  # num_processes -1: Accelerate's "not set"
                 return Value(value, f"--{setting.flag_name}")
         if name in self.cluster:
@@ -249,9 +183,9 @@ class _Picked:
 def _pick_settings(pick: _Picker, place: _Place) -> _Picked:
     """Every setting the launcher reads itself; the number of processes defaults to one per GPU."""
     args, problems = pick.args, pick.problems
-    given = _given(args, "num_machines")  # MIN:MAX (elastic) is overdrive's own form: not the schema's integer
+    given = flag_value(args, "num_machines")  # MIN:MAX (elastic) is overdrive's own form: not the schema's integer
     machines = Value(given, "--num_machines") if given is not None and ":" in str(given) else pick("num_machines")
-    min_machines, num_machines = _machine_range(machines, problems)
+    min_machines, num_machines = machine_range(machines, problems)
     return _Picked(
         num_processes=pick("num_processes", place.device_count if not place.cpu and place.device_count else 1),
         machines=machines, min_machines=min_machines, num_machines=num_machines,
@@ -260,7 +194,7 @@ def _pick_settings(pick: _Picker, place: _Place) -> _Picked:
         restarts=pick("max_restarts"), interval=pick("monitor_interval"), gpu_ids=pick("gpu_ids"),
         precision=pick("mixed_precision"), accumulation=pick("gradient_accumulation_steps"),
         threads=pick("num_cpu_threads_per_process"), debug=pick("debug"), timeout=pick("timeout"),
-        stall=pick("stall_timeout"), dynamo=_dynamo_backend(args, pick.config, problems))
+        stall=pick("stall_timeout"), dynamo=dynamo_backend(args, pick.config, problems))
 
 
 def _precision_problems(picked: _Picked, args: argparse.Namespace, config: dict[str, Any], place: _Place,
@@ -269,12 +203,12 @@ def _precision_problems(picked: _Picked, args: argparse.Namespace, config: dict[
     every worker."""
     precision = picked.precision
     if first_pass:
-        return _missing_packages(precision.value, bool(_given(args, "use_deepspeed")), config)
+        return missing_packages(precision.value, bool(flag_value(args, "use_deepspeed")), config)
     if precision.value != "fp8":
         return []
     from overdrive.precision.fp8 import fp8_unavailable  # lazy: it imports torch (second pass only)
 
-    backend = _given(args, "fp8_backend") or (config.get("fp8_config") or {}).get("backend")
+    backend = flag_value(args, "fp8_backend") or (config.get("fp8_config") or {}).get("backend")
     problem = fp8_unavailable(backend, "cpu" if place.cpu else place.device_type)
     return [f"{precision.source}: mixed_precision 'fp8': {problem}"] if problem else []
 
@@ -284,8 +218,8 @@ def _machine_problems(picked: _Picked, args: argparse.Namespace, config: dict[st
     """The process and machine counts together, and an elastic job's rendezvous."""
     if not problems and (not first_pass or picked.num_processes.source != "default"):
         # fault-tolerant machines never meet in one rendezvous: each is a replica group on its own
-        fault_tolerant = bool(_given(args, "ft_lighthouse") or config.get("ft_lighthouse"))
-        _check_together(picked.num_processes, picked.num_machines, picked.machine_rank,
+        fault_tolerant = bool(flag_value(args, "ft_lighthouse") or config.get("ft_lighthouse"))
+        check_together(picked.num_processes, picked.num_machines, picked.machine_rank,
                         Value("-", "") if fault_tolerant else picked.ip, problems)
     if picked.min_machines != picked.num_machines.value and picked.rdzv.value == "static":
         problems.append(f"num_machines {picked.min_machines}:{picked.num_machines.value} (from "
@@ -304,19 +238,19 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     picked = _pick_settings(pick, place)
     problems += _precision_problems(picked, args, config, place, first_pass=device is None)
     _machine_problems(picked, args, config, device is None, problems)
-    plugin_config = _plugin_config(args, config, source, problems)
+    plugin_config = plugin_sections(args, config, source, problems)
     feature_config = launch_features.apply_flags(args, config, str(picked.precision.value), problems)
-    command = _command(args, problems)
+    command = command_of(args, problems)
     guesses: list[str] = []
     if device is None and command.target and not command.no_python:  # a missing tracker package, named once
         certain, guesses = tracker_problems(None if command.module else command.target, command.args)
         problems += certain
     if feature_config.get("ft_lighthouse") and not problems:
-        problems += _lighthouse_problems(str(feature_config["ft_lighthouse"]))
+        problems += lighthouse_problems(str(feature_config["ft_lighthouse"]))
     if problems:
         raise UsageError(problems)
     if device is None:
-        if not _given(args, "quiet"):
+        if not flag_value(args, "quiet"):
             for line in guesses:  # read from the source, which may never run it: a warning, not a refusal
                 print(f"overdrive launch: warning: {line}", file=sys.stderr, flush=True)
         return None
@@ -368,9 +302,9 @@ def _launch_plan(picked: _Picked, place: _Place, worker_config: dict[str, Any],
         main_process_port=picked.port.value, rdzv_backend=picked.rdzv.value, min_machines=min_machines,
         rdzv_conf=picked.rdzv_conf.value or "", max_restarts=picked.restarts.value,
         monitor_interval=picked.interval.value, num_cpu_threads_per_process=picked.threads.value,
-        visible_devices=visible, worker_config=worker_config, log_dir=_given(args, "log_dir"),
-        tee=_given(args, "tee"), role=_given(args, "role") or "default", debug=bool(picked.debug.value),
-        quiet=bool(_given(args, "quiet")))
+        visible_devices=visible, worker_config=worker_config, log_dir=flag_value(args, "log_dir"),
+        tee=flag_value(args, "tee"), role=flag_value(args, "role") or "default", debug=bool(picked.debug.value),
+        quiet=bool(flag_value(args, "quiet")))
 
 
 def _summary_line(plan: LaunchPlan, place: _Place, args: argparse.Namespace, source: cf.ConfigSource) -> str:
@@ -381,7 +315,7 @@ def _summary_line(plan: LaunchPlan, place: _Place, args: argparse.Namespace, sou
                 "same; add --cpu to train them as one run on gloo" + (f"; config: {source.path}" if source.path else ""))
     if place.device_type is None:
         cpu_reason = " (no GPU found)"
-    elif _given(args, "cpu"):
+    elif flag_value(args, "cpu"):
         cpu_reason = " (--cpu)"
     else:
         cpu_reason = " (the config file asks for the CPU)" if place.forced_cpu else ""
@@ -391,94 +325,16 @@ def _summary_line(plan: LaunchPlan, place: _Place, args: argparse.Namespace, sou
 def _asks_multi_gpu(args: argparse.Namespace, config: dict[str, Any]) -> bool:
     """Whether ``--multi_gpu`` or, with no other kind given by a flag, the config file's ``distributed_type``
     asks for one process per GPU (Accelerate's launcher then starts its workers without the CPU setting)."""
-    if _given(args, "multi_gpu"):
+    if flag_value(args, "multi_gpu"):
         return True
     others = ("use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu")
-    return not any(_given(args, name) for name in others) and config.get("distributed_type") == "MULTI_GPU"
-
-
-def _lighthouse_problems(address: str) -> list[str]:
-    """A fault-tolerant launch is refused when nothing answers at its lighthouse."""
-    from overdrive.cli.lighthouse import check_lighthouse  # lazy: only a fault-tolerant launch asks (socket)
-
-    why = check_lighthouse(address)
-    if why is None:
-        return []
-    return [f"--ft_lighthouse {address}: no lighthouse answers there ({why}); start one with 'overdrive lighthouse "
-            "--min_replicas N' on a machine every replica group can reach, and give the address it prints"]
-
-
-def _machine_range(machines: Value, problems: list[str]) -> tuple[int, Value]:
-    """``(MIN, MAX)`` of the number of machines: ``--num_machines MIN:MAX`` (or an elastic Kubeflow job's
-    ``PET_NNODES``) for an elastic job, else one number for both."""
-    low, sep, high = str(machines.value).strip().partition(":")
-    if not sep:
-        return machines.value, machines
-    label = machines.source if machines.source.startswith("--") else f"num_machines (from {machines.source})"
-    bounds = [int(part) if part.strip().isdigit() else 0 for part in (low, high)]
-    if min(bounds) < 1:
-        problems.append(f"{label}: {machines.value!r} is not a number of machines; give N, or MIN:MAX (e.g. 1:2) "
-                        "for an elastic job")
-        return 1, Value(1, machines.source)
-    if bounds[0] > bounds[1]:
-        problems.append(f"{label}: {machines.value!r} has MIN {bounds[0]} above MAX {bounds[1]}; give MIN:MAX with "
-                        "MIN <= MAX")
-        return bounds[1], Value(bounds[1], machines.source)
-    return bounds[0], Value(bounds[1], machines.source)
+    return not any(flag_value(args, name) for name in others) and config.get("distributed_type") == "MULTI_GPU"
 
 
 def _inherited_threads() -> int | None:
     """OMP_NUM_THREADS of this shell, which the workers keep when no thread count is asked for."""
     value = os.environ.get("OMP_NUM_THREADS", "")
     return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def _dynamo_backend(args: argparse.Namespace, config: dict[str, Any], problems: list[str]) -> str:
-    flag = _given(args, "dynamo_backend")
-    if flag is not None:
-        return str(_check(by_name()["dynamo_backend"], "--dynamo_backend", flag, problems)).lower()
-    backend = (config.get("dynamo_config") or {}).get("dynamo_backend")
-    return str(backend).lower() if backend else "no"
-
-
-def _check_together(num_processes: Value, num_machines: Value, machine_rank: Value, ip: Value,
-                    problems: list[str]) -> None:
-    if num_processes.value % num_machines.value:
-        problems.append(
-            f"num_processes {num_processes.value} (from {num_processes.source}) is the number of processes over all "
-            f"machines and must divide evenly among num_machines {num_machines.value} (from {num_machines.source}); "
-            f"for {num_machines.value} machines try {num_machines.value * max(num_processes.value // num_machines.value, 1)}")
-    if machine_rank.value >= num_machines.value:
-        problems.append(f"machine_rank {machine_rank.value} (from {machine_rank.source}) must be below num_machines "
-                        f"{num_machines.value} (from {num_machines.source}): ranks run 0..{num_machines.value - 1}")
-    if num_machines.value > 1 and not ip.value:
-        problems.append(f"num_machines {num_machines.value} (from {num_machines.source}) needs --main_process_ip, the "
-                        "address of the machine of rank 0, on every machine")
-
-
-def _command(args: argparse.Namespace, problems: list[str]) -> Command:
-    target = args.training_script
-    if not target:
-        problems.append("no training script given: overdrive launch [FLAGS] SCRIPT.py [SCRIPT ARGS] "
-                        "(or -m MODULE, or --no_python PROGRAM)")
-        return Command(target="")
-    command = Command(target=target, args=tuple(args.training_script_args), module=bool(args.module),
-                      no_python=bool(args.no_python), as_accelerate=bool(getattr(args, "as_accelerate", False)))
-    if command.as_accelerate and command.no_python:
-        problems.append("--as_accelerate needs a python script or module (-m): it cannot alias imports in a program "
-                        "started with --no_python")
-    if command.module and command.no_python:
-        problems.append("-m/--module and --no_python cannot be used together: a module needs python")
-    elif command.no_python:
-        if shutil.which(target) is None:
-            problems.append(f"program {target!r} (--no_python) was not found on PATH or is not executable")
-    elif not command.module:
-        path = Path(target)
-        if not path.is_file():
-            where = f" (looked in {os.getcwd()})" if not path.is_absolute() else ""
-            names = [p.name for p in path.parent.iterdir() if p.suffix == ".py"] if path.parent.is_dir() else []
-            problems.append(f"training script {target!r} does not exist{where}{cf.nearest(path.name, names, 0.8)}")
-    return command
 
 
 def _summary(plan: LaunchPlan, cpu: bool, cpu_reason: str, device_type: str | None,
