@@ -1,6 +1,5 @@
 """The script bench/launch_time.py launches: one DDP training step, then the wall-clock time of it."""
 
-import atexit
 import sys
 import time
 
@@ -9,7 +8,6 @@ import torch
 from overdrive import Accelerator
 
 accelerator = Accelerator()
-atexit.register(time.sleep, 0.1)  # see tests/scripts/train_ddp.py: gloo may abort a fast exit on torch 2.13
 model = torch.nn.Linear(32, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer = accelerator.prepare(model, optimizer)

@@ -1,7 +1,6 @@
 """The overdrive script bench/startup.py times: the same as startup_plain.py, written for overdrive (import,
 Accelerator(), prepare(model, optimizer, loader), one step), then the wall-clock and CPU times of it."""
 
-import atexit
 import os
 import sys
 import time
@@ -15,8 +14,6 @@ torch_imported = time.process_time()  # the same code before this point in both 
 from overdrive import Accelerator  # noqa: E402 - after the stamp: its import is what is measured
 
 accelerator = Accelerator()
-if accelerator.num_processes > 1:
-    atexit.register(time.sleep, 0.1)  # as in startup_plain.py
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

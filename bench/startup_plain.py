@@ -17,7 +17,7 @@ if distributed:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    atexit.register(time.sleep, 0.1)  # gloo may abort a fast exit on torch 2.13 (see tests/scripts/train_ddp.py)
+    atexit.register(time.sleep, 0.1)  # gloo's threads may still hold the last collective's work at a fast exit
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 if distributed:

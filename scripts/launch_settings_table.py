@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from overdrive.config.launch_settings import settings_table
+from overdrive.launchers.settings import settings_table
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "launch_settings.md"
-BEGIN, END = "<!-- table: generated from overdrive/config/launch_settings.py -->", "<!-- end of table -->"
+BEGIN, END = "<!-- table: generated from overdrive/launchers/settings.py -->", "<!-- end of table -->"
 
 
 def rewritten(text: str) -> str:

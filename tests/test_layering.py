@@ -1,46 +1,58 @@
-"""The package's layers, folder by folder: every folder (and module) at the package root sits in one layer,
-no module imports from a layer above its own, and there is no import cycle, neither between modules nor
-between folders, counting the imports inside functions too (only ``if TYPE_CHECKING:`` blocks are left out:
-they never run). There is no allow-list.
+"""The package's layers, folder by folder: every folder (and module) at the package root sits on one level,
+no module imports from a level above its own or from another entry on its level, each entry sits just above
+the highest entry it imports (the table is the real graph, not a ladder), and there is no import cycle, neither
+between modules nor between folders. Imports inside functions count, and so does a string that names a module
+in another folder (``importlib.import_module("overdrive.x")``, ``sys.modules.get(...)``, a registry's
+``"overdrive.x.y:Attr"``, a lazy-export table): only ``if TYPE_CHECKING:`` blocks are left out (they never
+run). There is no allow-list.
 
-To add a module: a file inside a folder takes the folder's layer; a new folder or root module needs one
-entry below. ARCHITECTURE.md explains the layers.
+To add a module: a file inside a folder takes the folder's level; a new folder or root module needs one
+entry below. ARCHITECTURE.md explains the levels.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-#: Lowest first: the folders and root modules of ``src/overdrive`` (folders only, never a module inside one).
-#: A module may import from its own layer and the layers below.
+#: Lowest first: the folders and root modules of ``src/overdrive`` (folders only, never a module inside one), by
+#: level: an entry imports only from the levels below its own (never a sibling on its level), and from the level
+#: just below at least once, so the table is the real graph (``python tests/test_layering.py`` prints it).
 LAYERS: list[tuple[str, ...]] = [
-    # 0 plain values: import nothing from the rest of overdrive
-    ("overdrive.config", "overdrive._version"),
-    # 1 where code runs: rank and world size (runtime/group.py, the one source), device, process group, mesh
+    # 0 the version and the lazy-export helper every package's __init__ uses
+    ("overdrive._version", "overdrive._lazy"),
+    # 1 Accelerate's public configuration values: plugins, kwargs handlers, enums
+    ("overdrive.config",),
+    # 2 where code runs: rank and world size (runtime/group.py, the one source), device, process group, mesh
     ("overdrive.runtime",),
-    # 2 helpers over torch and the runtime: collectives over nested structures, logging, seeds, memory, the
+    # 3 helpers over torch and the runtime: collectives over nested structures, logging, seeds, memory, the
     #   environment and availability helpers
     ("overdrive.helpers",),
-    # 3 the launchers: torchrun hand-off, notebook, worker entry, the launch handoff protocol, config file
-    ("overdrive.launchers",),
-    ("overdrive.precision",),
+    # 4 siblings: the launchers (and the launch-settings schema), the precision policy, the trackers
+    ("overdrive.launchers", "overdrive.precision", "overdrive.tracking"),
+    # 5 the model transforms (FSDP2's mixed precision and fp8 come from precision/)
     ("overdrive.transforms",),
-    ("overdrive.tracking",),
+    # 6 the resolver: arguments + launch config + environment -> frozen plans
     ("overdrive.resolve",),
-    # 8 the objects one training loop runs through: process and gradient state, the accumulation window, the
+    # 7 the objects one training loop runs through: process and gradient state, the accumulation window, the
     #   prepared-objects registry, the optimizer and scheduler wrappers
     ("overdrive.training",),
-    ("overdrive.data",),
-    ("overdrive.strategies",),
-    ("overdrive.checkpoint", "overdrive.big_model"),
+    # 8 siblings: prepared data loaders, the strategies, big-model inference
+    ("overdrive.data", "overdrive.strategies", "overdrive.big_model"),
+    # 9 checkpoints (consolidated export reads big_model's offloaded weights)
+    ("overdrive.checkpoint",),
+    # 10 the facade
     ("overdrive.accelerator",),
+    # 11 the command line
     ("overdrive.cli",),
-    # the public surface (the lazy root package) and compat: the alias, the one table of Accelerate's paths
-    # (served by compat/paths.py: no thin files), Accelerate-only helpers and refusals
-    ("overdrive", "overdrive.compat"),
+    # 12 compat: the alias, the one table of Accelerate's paths (served by compat/paths.py: no thin files),
+    #    Accelerate-only helpers and refusals
+    ("overdrive.compat",),
+    # 13 the public surface: the lazy root package
+    ("overdrive",),
 ]
 
 
@@ -72,27 +84,48 @@ def _type_checking_only(node: ast.AST) -> bool:
         or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    found: list[ast.Import | ast.ImportFrom] = []
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom | ast.Constant]:
+    """The imports and the string literals of ``tree``, outside ``if TYPE_CHECKING:`` blocks."""
+    found: list[ast.Import | ast.ImportFrom | ast.Constant] = []
     stack = [tree]
     while stack:
         node = stack.pop()
         if _type_checking_only(node):
             stack.extend(getattr(node, "orelse", []))
             continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (
+                isinstance(node, ast.Constant) and isinstance(node.value, str)):
             found.append(node)
         stack.extend(ast.iter_child_nodes(node))
     return found
 
 
+#: a string that names a module (``"overdrive.compat.worker"``, ``"overdrive.tracking.csv:CSVTracker"``): what
+#: ``importlib.import_module``, ``sys.modules`` lookups and the lazy-export tables take
+MODULE_NAME = re.compile(r"(overdrive(?:\.\w+)+)(?::[\w.]+)?")
+
+
+#: the package that serves Accelerate's dotted paths under ``overdrive`` (``compat/paths.py``): a string naming
+#: one of them depends on it
+SERVED_BY = "overdrive.compat"
+
+
+def named_module(text: str) -> str | None:
+    """The module a string literal names, or None: a dotted ``overdrive.`` path, optionally ``:Attribute``."""
+    match = MODULE_NAME.fullmatch(text)
+    return match[1] if match else None
+
+
 def imports_of(module: str) -> set[tuple[str, int]]:
-    """The overdrive modules ``module`` imports (as ``(target, line)``), resolved to existing modules."""
+    """The overdrive modules ``module`` imports or names in a string (as ``(target, line)``), resolved to
+    existing modules."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     targets: set[tuple[str, int]] = set()
     for node in _import_nodes(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Constant):
+            names = [name] if (name := named_module(node.value)) else []
+        elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:
             base = node.module or ""
@@ -102,9 +135,15 @@ def imports_of(module: str) -> set[tuple[str, int]]:
             # "from pkg import sub" imports the submodule pkg.sub when there is one
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         for name in names:
+            named = name
             while name and name not in MODULES:
                 name = name.rpartition(".")[0]
-            if name.startswith("overdrive") and name != module:
+            if isinstance(node, ast.Constant) and name == "overdrive" and named != "overdrive":
+                name = SERVED_BY  # an Accelerate path that no file holds (``"overdrive.big_modeling"``)
+            # a string inside its own folder is a registry's lazy entry (``tracking/base.py``'s built-in trackers):
+            # it orders nothing at import; across folders it is a dependency like an import
+            inside = isinstance(node, ast.Constant) and top_level(name) == top_level(module)
+            if name.startswith("overdrive") and name != module and not inside:
                 targets.add((name, node.lineno))
     return targets
 
@@ -148,6 +187,36 @@ def test_the_layers_list_root_entries_that_exist() -> None:
 def test_no_upward_imports() -> None:
     upward = upward_imports()
     assert not upward, "imports that run upward:\n  " + "\n  ".join(upward)
+
+
+def test_entries_on_one_level_are_siblings() -> None:
+    """Two entries on one level never import each other: a level holds independent folders."""
+    found = [f"{m}:{line} imports {t} (both on level {layer_of(m)})" for m, targets in GRAPH.items()
+             for t, line in sorted(targets)
+             if top_level(m) != top_level(t) and layer_of(m) is not None and layer_of(m) == layer_of(t)]
+    assert not found, "imports between siblings (move the importer a level up):\n  " + "\n  ".join(found)
+
+
+def lowest_levels() -> dict[str, int]:
+    """Each root entry's level in the real graph: 0 without imports, else one above the highest it imports."""
+    levels: dict[str, int] = {}
+
+    def level(entry: str) -> int:
+        if entry not in levels:
+            levels[entry] = 0  # a cycle (reported by its own test) ends here
+            levels[entry] = max((level(t) + 1 for t, _ in FOLDER_GRAPH[entry]), default=0)
+        return levels[entry]
+
+    for entry in FOLDER_GRAPH:
+        level(entry)
+    return levels
+
+
+def test_each_entry_sits_on_its_lowest_level() -> None:
+    """The table is the graph, not a ladder: every entry sits just above the highest entry it imports."""
+    wrong = [f"{entry} is on level {layer_of(entry)}, its imports put it on level {level}"
+             for entry, level in sorted(lowest_levels().items()) if layer_of(entry) != level]
+    assert not wrong, "move these entries in LAYERS (and ARCHITECTURE.md's table):\n  " + "\n  ".join(wrong)
 
 
 def _cycles(graph: dict[str, set[tuple[str, int]]]) -> list[list[str]]:
@@ -270,6 +339,11 @@ def test_the_rank_check_sees_each_spelling() -> None:
     assert not _asks_torch_for_rank(ast.parse("mesh.get_rank()").body[0].value)  # type: ignore[attr-defined]
 
 
-if __name__ == "__main__":  # python tests/test_layering.py: the counts
+if __name__ == "__main__":  # python tests/test_layering.py: the counts and the levels of the real graph
     for key, value in counts().items():
         print(f"{key}: {value}")
+    by_level: dict[int, list[str]] = {}
+    for _entry, _level in lowest_levels().items():
+        by_level.setdefault(_level, []).append(_entry)
+    for _level, _entries in sorted(by_level.items()):
+        print(f"level {_level}: {', '.join(sorted(_entries))}")

@@ -84,5 +84,4 @@ def test_import_overdrive_loads_no_more_of_the_standard_library_than_it_needs():
     assert not loaded & {"importlib.abc", "importlib.resources", "tempfile", "torch"}, sorted(
         loaded & {"importlib.abc", "importlib.resources", "tempfile", "torch"})
     assert sorted(m for m in loaded if m.startswith("overdrive")) == [
-        "overdrive", "overdrive._version", "overdrive.compat", "overdrive.compat.paths", "overdrive.config",
-        "overdrive.config._lazy"]
+        "overdrive", "overdrive._lazy", "overdrive._version", "overdrive.compat", "overdrive.compat.paths"]

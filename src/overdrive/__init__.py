@@ -9,11 +9,13 @@ Public names are imported on first use, so ``import overdrive`` costs next to no
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING
 
+from overdrive._lazy import lazy_exports
 from overdrive._version import __version__
 from overdrive.compat.paths import install_served_paths
-from overdrive.config._lazy import lazy_exports
 
 # Accelerate's dotted paths (overdrive.utils, overdrive.hooks, ...) come from the compat table, not from files
 install_served_paths()
@@ -85,6 +87,15 @@ __getattr__, _dir = lazy_exports(__name__, _EXPORTS, _compat_names)
 def __dir__() -> list[str]:
     """The public names only (the lazy ones included)."""
     return __all__
+
+
+# A worker of ``overdrive launch --as_accelerate`` (launchers.protocol.AS_ACCELERATE_VAR): the alias is in place
+# before the worker entry point, a module of this package, runs the script. A process below it that imported the
+# real Accelerate first keeps it (the alias would refuse to mix the two).
+if os.environ.get("OVERDRIVE_AS_ACCELERATE") == "1" and "accelerate" not in sys.modules:
+    from overdrive.compat.alias import install_as_accelerate
+
+    install_as_accelerate()
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

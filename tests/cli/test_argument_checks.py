@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from overdrive import Accelerator, notebook_launcher
-from overdrive.config.launch_settings import by_name
 from overdrive.launchers import config_file as cf
+from overdrive.launchers.settings import by_name
 from tests.support.cli import clean_env
 
 # runs `overdrive ARGS` in-process and says afterwards whether torch was imported

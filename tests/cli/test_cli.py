@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from overdrive.launchers import config_file as cf
-from overdrive.launchers.torchrun import Command, LaunchPlan, describe_failures, torchrun_argv, traceback_tail
+from overdrive.launchers.failure_report import describe_failures, traceback_tail
+from overdrive.launchers.launch_plan import Command, LaunchPlan
+from overdrive.launchers.torchrun import torchrun_argv
 from overdrive.runtime.cluster import _tasks_per_node, detect_process_info, first_host
 from tests.support.cli import clean_env, overdrive
 
@@ -332,7 +334,7 @@ def test_the_stderr_copier_stops_only_after_its_thread_however_slow_the_output(t
     import threading
     import time
 
-    from overdrive.launchers.torchrun import StderrCopier
+    from overdrive.launchers.stderr_copier import StderrCopier
 
     for rank in range(4):
         (tmp_path / "run" / "attempt_0" / str(rank)).mkdir(parents=True)

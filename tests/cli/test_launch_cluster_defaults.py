@@ -9,7 +9,8 @@ import yaml
 
 from overdrive.cli import Parser, UsageError
 from overdrive.cli.launch import add_launch_flags, plan_launch
-from overdrive.launchers.torchrun import Command, torchrun_argv
+from overdrive.launchers.launch_plan import Command
+from overdrive.launchers.torchrun import torchrun_argv
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_NNODES": "2", "SLURM_NODEID": "1"}
 KUBEFLOW = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456",

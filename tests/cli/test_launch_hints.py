@@ -118,7 +118,7 @@ def test_the_start_line_is_left_out_where_overdrive_runs_the_script(tmp_path):
 
 
 def test_what_a_library_says_when_accelerate_is_missing_is_recognised():
-    from overdrive.launchers.torchrun import needs_accelerate
+    from overdrive.launchers.failure_report import needs_accelerate
 
     transformers = ("ImportError: Using the `Trainer` with `PyTorch` requires `accelerate>=1.1.0`: Please run "
                     "`pip install transformers[torch]` or `pip install 'accelerate>=1.1.0'`")

@@ -70,7 +70,7 @@ def test_launch_flags_removed_in_116_are_refused_as_accelerate_refuses_them():
     from accelerate.commands.launch import launch_command_parser as real_parser
 
     from overdrive.compat.cli_launch import launch_command_parser
-    from overdrive.config.launch_settings import by_name
+    from overdrive.launchers.settings import by_name
 
     for parser in (real_parser(), launch_command_parser()):
         with pytest.raises(SystemExit), mock.patch("sys.stderr"):
@@ -85,9 +85,9 @@ def test_launch_flags_removed_in_116_are_refused_as_accelerate_refuses_them():
 def test_child_stderr_bounds_are_accelerates():
     from accelerate.commands import launch as real
 
-    from overdrive.launchers import torchrun
+    from overdrive.launchers import failure_report
 
-    assert (torchrun.CHILD_STDERR_CHUNK_SIZE, torchrun.CHILD_STDERR_TAIL_CHUNKS) == \
+    assert (failure_report.CHILD_STDERR_CHUNK_SIZE, failure_report.CHILD_STDERR_TAIL_CHUNKS) == \
         (real.CHILD_STDERR_CHUNK_SIZE, real.CHILD_STDERR_TAIL_CHUNKS)
 
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from overdrive.config.accelerate_env import settings_from_environment, variables_for_workers
+from overdrive.launchers.accelerate_variables import settings_from_environment, variables_for_workers
 from tests.support.cli import clean_env, overdrive
 
 
@@ -141,8 +141,8 @@ def test_rarer_variables_read_checked_and_exported(tmp_path):
 def test_every_variable_read_has_a_prefix_the_resolver_looks_for():
     """launch_config() loads the variables' schema only when a variable with one of these prefixes is set (a
     start-up without them skips ~45 M instructions), so every variable the schema reads must carry one."""
-    from overdrive.config.launch_settings import by_env
     from overdrive.launchers.protocol import ACCELERATE_PREFIXES
+    from overdrive.launchers.settings import by_env
 
     names = list(by_env(None))
     assert names and all(name.startswith(ACCELERATE_PREFIXES) for name in names), \
@@ -151,7 +151,7 @@ def test_every_variable_read_has_a_prefix_the_resolver_looks_for():
 
 def test_a_start_without_accelerate_variables_does_not_load_the_schema(tmp_path):
     code = ("import sys; from overdrive.launchers.protocol import launch_config; print(launch_config()); "
-            "print('overdrive.config.launch_settings' in sys.modules)")
+            "print('overdrive.launchers.settings' in sys.modules)")
     env = {k: v for k, v in clean_env(tmp_path).items() if not k.startswith(("ACCELERATE_", "FSDP_",
                                                                              "PARALLELISM_CONFIG_"))}
     plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from overdrive import TorchDynamoPlugin
-from overdrive.config.accelerate_env import settings_from_environment
 from overdrive.config.compile import DYNAMO_BACKENDS
+from overdrive.launchers.accelerate_variables import settings_from_environment
 from overdrive.launchers.config_file import ConfigError, validate_config
 from overdrive.utils import DynamoBackend
 

@@ -23,7 +23,7 @@ FLOOD = "import sys\nfor _ in range(20_000):\n    print('x' * 40, file=sys.stder
 DRIVER = """
 import json, subprocess, sys
 from overdrive.compat.cli_launch import launch_command, launch_command_parser, simple_launcher
-from overdrive.launchers.torchrun import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
+from overdrive.launchers.failure_report import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
 argv = ["--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", sys.argv[1]]
 out = {}
 try:

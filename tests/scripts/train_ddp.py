@@ -32,8 +32,6 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-# No pause at exit here: a fixed one (0.1 s) was not enough on a loaded machine; the process group that
-# Accelerator() joins waits at exit until gloo's threads have freed the last collective's work.
 accelerator = Accelerator()
 rank = accelerator.process_index
 say("CONFIG " + json.dumps({

@@ -16,7 +16,14 @@ Names are imported on first use.
 
 from __future__ import annotations
 
-from overdrive.config._lazy import lazy_exports
+from typing import Any
+
+from overdrive._lazy import lazy_exports
+
+#: namespaces whose own ``check_device_map`` replaces the one ``dispatch_model`` calls: compat adds the module it
+#: serves at Accelerate's ``big_modeling`` path, where transformers assigns a no-op to dispatch models whose
+#: ``_no_placement_params`` stay unmapped (this layer cannot name that module: it lives above)
+device_map_check_sources: list[Any] = []
 
 _MODULES = {
     "init": ("init_empty_weights", "init_on_device"),

@@ -7,13 +7,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from overdrive.big_model import device_map_check_sources
 from overdrive.big_model.attach import attach_align_device_hook, attach_align_device_hook_on_blocks
 from overdrive.big_model.hooks import (
     TIED_GROUPS,
@@ -72,10 +72,13 @@ def _has_index(folder: str | os.PathLike[str] | None) -> bool:
 
 
 def _device_map_check() -> Callable[[nn.Module, Mapping[str, Any]], None]:
-    """``check_device_map``, or what replaced it in the ``accelerate.big_modeling`` compat module:
-    transformers assigns a no-op there to dispatch models whose ``_no_placement_params`` stay unmapped."""
-    compat = sys.modules.get("overdrive.big_modeling")
-    return getattr(compat, "check_device_map", check_device_map)
+    """``check_device_map``, or what replaced it in a namespace of ``device_map_check_sources`` (the
+    ``accelerate.big_modeling`` compat module: transformers assigns a no-op there)."""
+    for source in reversed(device_map_check_sources):
+        replaced = getattr(source, "check_device_map", None)
+        if replaced is not None:
+            return replaced
+    return check_device_map
 
 
 def cpu_offload(model: nn.Module, execution_device: Any = None, offload_buffers: bool = False,

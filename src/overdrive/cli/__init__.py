@@ -18,11 +18,17 @@ choices, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
+import importlib
+import importlib.util
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
+
+from overdrive._version import ACCELERATE_API_VERSION, __version__
 
 USAGE_ERROR = 2
 
@@ -110,7 +116,7 @@ def add_flag(group: argparse._ActionsContainer, name: str, *aliases: str, **kwar
 
 
 def add_setting_flag(group: argparse._ActionsContainer, setting: Any) -> None:
-    """The flag of a launch setting (``overdrive.config.launch_settings.Setting``), built from the schema:
+    """The flag of a launch setting (``overdrive.launchers.settings.Setting``), built from the schema:
     a switch, a repeatable flag, a boolean that may stand alone (``--fsdp_offload_params`` = true) or a
     value; every default is None so that a flag given can be told apart from one left out."""
     name, text = setting.flag_name, setting.help
@@ -132,8 +138,6 @@ def add_setting_flag(group: argparse._ActionsContainer, setting: Any) -> None:
 def build_parser(only: str | None = None) -> tuple[Parser, dict[str, Parser]]:
     """The ``overdrive`` parser and each subcommand's own parser (with ``only``: that subcommand's alone, so
     that ``overdrive launch`` does not import and build the other seven on every start)."""
-    import importlib
-
     parser = Parser(prog="overdrive", description="Launch and configure overdrive training runs.",
                     allow_abbrev=False)
     parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
@@ -149,8 +153,6 @@ def build_parser(only: str | None = None) -> tuple[Parser, dict[str, Parser]]:
 
 def version_line() -> str:
     """``overdrive --version``: overdrive's version, the Accelerate API it follows and the torch it runs on."""
-    from overdrive._version import ACCELERATE_API_VERSION, __version__
-
     return f"overdrive {__version__} (Accelerate API {ACCELERATE_API_VERSION}, torch {torch_version()})"
 
 
@@ -158,11 +160,6 @@ def torch_version() -> str:
     """``torch.__version__`` with its build tag, whatever it is (``2.13.0+cpu``, ``2.15.0+cu132``, ``2.15.0``),
     read from ``torch/version.py`` without importing torch (seconds). The installed metadata is only the
     fallback: a build from the package index records ``2.15.0`` there while torch says ``2.15.0+cu132``."""
-    import ast
-    import importlib.util
-    from importlib import metadata
-    from pathlib import Path
-
     spec = importlib.util.find_spec("torch")
     for folder in (spec.submodule_search_locations or []) if spec else []:
         try:
@@ -173,6 +170,8 @@ def torch_version() -> str:
             if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
                     and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
                 return node.value.value
+    from importlib import metadata  # lazy: it loads email and zipfile; only the fallback reads it
+
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -183,8 +182,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``overdrive <command> ...``; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in _SELF_PARSING:
-        import importlib
-
         module, function = _SELF_PARSING[argv[0]]
         return int(getattr(importlib.import_module(module), function)(argv[1:]) or 0)
     if argv and argv[0] in ("--version", "-V"):
@@ -205,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = commands[argv[0]].parse_args(argv[1:])
     if not hasattr(args, "command"):  # tpu-config has a --command flag of its own (Accelerate's)
         args.command = argv[0]
-    from overdrive.launchers.config_file import ConfigError
+    from overdrive.launchers.config_file import ConfigError  # lazy: the settings schema, not for --version
 
     try:
         return int(args.run(args) or 0)

@@ -15,9 +15,9 @@ from typing import Any
 
 from overdrive.cli import UsageError, add_flag, add_setting_flag
 from overdrive.config.choices import invalid_choice
-from overdrive.config.launch_settings import MIXED_PRECISION, Setting, by_name
-from overdrive.config.setting_kinds import Bool
 from overdrive.launchers import config_file as cf
+from overdrive.launchers.setting_kinds import Bool
+from overdrive.launchers.settings import MIXED_PRECISION, Setting, by_name
 
 SETTINGS = by_name()
 
@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _device() -> tuple[str, int]:
-    import torch
+    import torch  # lazy: `overdrive --help` builds this parser; torch loads only when a file is written
 
     if not torch.accelerator.is_available():
         return "cpu", 0

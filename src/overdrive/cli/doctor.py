@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from overdrive.cli import UsageError, add_flag
-from overdrive.config.launch_settings import by_name
 from overdrive.launchers import config_file as cf
+from overdrive.launchers.settings import by_name
 
 DEFAULT_PORT = 29500
 MIN_FREE_BYTES = 1 << 30  # below 1 GiB free a checkpoint of any real model fails half-way
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
                         together=bool(getattr(args, "together", False)))
     address = _setting(args, config, "main_process_ip", None)
     if getattr(args, "together", False) and values["num_machines"] > 1 and address:
-        from overdrive.cli.doctor_together import check_together
+        from overdrive.cli.doctor_together import check_together  # lazy: it imports torch; only --together
 
         checks += [Check(*found) for found in check_together(values["num_machines"], values["machine_rank"],
                                                              address, values["main_process_port"],

@@ -13,6 +13,11 @@ import time
 from datetime import timedelta
 from typing import Any, NamedTuple
 
+import torch
+import torch.distributed as dist
+
+from overdrive._version import __version__
+
 
 class Check(NamedTuple):
     """One finding, as ``overdrive.cli.doctor.Check`` takes it (status "ok", "warn" or "FAIL")."""
@@ -33,11 +38,6 @@ def _first_line(exc: BaseException) -> str:
 
 def check_together(num_machines: int, machine_rank: int, address: str, port: int, timeout: float) -> list[Check]:
     """Meet the other machines' doctors at ``address``:``port`` and return the cross-machine findings."""
-    import torch
-    import torch.distributed as dist
-
-    from overdrive._version import __version__
-
     limit = timedelta(seconds=timeout)
     try:
         root = dist.TCPStore(address, port, world_size=num_machines, is_master=machine_rank == 0, timeout=limit,

@@ -9,6 +9,7 @@ import shutil
 import sys
 from typing import Any
 
+from overdrive._version import ACCELERATE_API_VERSION, __version__
 from overdrive.cli import add_flag
 from overdrive.launchers import config_file as cf
 
@@ -22,7 +23,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _version(name: str) -> str:
-    from importlib import metadata
+    from importlib import metadata  # lazy: `overdrive --help` builds this parser; it loads email and zipfile
 
     try:
         return metadata.version(name)
@@ -31,7 +32,7 @@ def _version(name: str) -> str:
 
 
 def _devices() -> list[str]:
-    import torch
+    import torch  # lazy: `overdrive --help` builds this parser; torch loads only when the report is made
 
     lines = []
     if torch.accelerator.is_available():
@@ -46,7 +47,7 @@ def _devices() -> list[str]:
         lines.append(f"- Accelerator: {kind}, {count} device(s): {', '.join(names)}")
     else:
         lines.append("- Accelerator: none (torch.accelerator finds no device; training runs on the CPU)")
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: as torch above
 
     backends = [name for name, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
                                       ("mpi", dist.is_mpi_available())) if ok]
@@ -69,9 +70,7 @@ _LIBRARIES = ("transformers", "deepspeed", "torchao", "safetensors", "peft", "tr
 
 def report(config_file: str | None = None) -> str:
     """The text ``overdrive env`` prints."""
-    import torch
-
-    from overdrive._version import ACCELERATE_API_VERSION, __version__
+    import torch  # lazy: `overdrive --help` builds this parser; torch loads only when the report is made
 
     memory = _memory_gib()
 

@@ -32,6 +32,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``overdrive estimate-memory``: build the model on the meta device from its config and print the memory
     table (or JSON with ``--json``); returns 0. A model that cannot be built is a ``UsageError``."""
+    # lazy: it imports torch; `overdrive --help` builds this parser
     from overdrive.big_model.estimate import create_empty_model, estimate_memory, format_table
 
     try:

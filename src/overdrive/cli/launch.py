@@ -7,26 +7,35 @@ the value, where it came from (the flag or the file and key) and the valid choic
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from overdrive.cli import Parser, UsageError, add_setting_flag, launch_extra
-from overdrive.config.launch_settings import GROUPS, Setting, by_name, current
+from overdrive.cli import Parser, UsageError, add_setting_flag, launch_features
+from overdrive.cli.launch_checks import (
+    Value,
+    check_together,
+    check_value,
+    command_of,
+    dynamo_backend,
+    flag_value,
+    lighthouse_problems,
+    machine_range,
+    missing_packages,
+    plugin_sections,
+)
+from overdrive.cli.launch_trackers import tracker_problems
 from overdrive.launchers import config_file as cf
-from overdrive.launchers.torchrun import Command, LaunchPlan, default_threads, launch_script
+from overdrive.launchers.launch_plan import Command, LaunchPlan, default_threads
+from overdrive.launchers.settings import GROUPS, Setting, by_name, current
+from overdrive.runtime.cluster import launch_defaults
 
 # config file keys handed to the workers as they are, when the file has them (the other settings of the file
-# reach them through launch_extra.apply_flags, over the flags)
+# reach them through launch_features.apply_flags, over the flags)
 PASSTHROUGH = ("distributed_type", "dynamo_config", "fsdp_config", "deepspeed_config", "megatron_lm_config",
                "fp8_config", "parallelism_config", "ipex_config")
-#: the plugin sections whose flags need their switch: section -> (distributed_type, switch flag)
-PLUGIN_SECTIONS = {"deepspeed_config": ("DEEPSPEED", "--use_deepspeed"), "fsdp_config": ("FSDP", "--use_fsdp")}
 
 DEVICE_VARIABLES = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK", "npu": "ASCEND_RT_VISIBLE_DEVICES",
                     "mlu": "MLU_VISIBLE_DEVICES", "musa": "MUSA_VISIBLE_DEVICES", "hpu": "HABANA_VISIBLE_MODULES"}
@@ -45,50 +54,6 @@ def add_launch_flags(parser: argparse.ArgumentParser, settings: Sequence[Setting
         groups["other"].add_argument(spelling, dest="tpu_use_cluster", action="store_false", help=argparse.SUPPRESS)
 
 
-def _plugin_config(args: argparse.Namespace, config: dict[str, Any], source: cf.ConfigSource,
-                   problems: list[str]) -> dict[str, Any]:
-    """``distributed_type`` and the ``deepspeed_config`` / ``fsdp_config`` the workers get: the config file's,
-    with the flags given on top, checked here so that a mistake stops the launch, not every worker."""
-    use_deepspeed, use_fsdp = bool(_given(args, "use_deepspeed")), bool(_given(args, "use_fsdp"))
-    if use_deepspeed and use_fsdp:
-        problems.append("--use_deepspeed and --use_fsdp cannot be used together; choose one")
-        return {}
-    kind = "DEEPSPEED" if use_deepspeed else "FSDP" if use_fsdp else str(config.get("distributed_type") or "")
-    out: dict[str, Any] = {"distributed_type": kind} if use_deepspeed or use_fsdp else {}
-    for section, (wanted, switch) in PLUGIN_SECTIONS.items():
-        given = {s: _given(args, s.name) for s in current()
-                 if s.flag_name and s.place[0] == section and _given(args, s.name) is not None}
-        if given and kind != wanted:
-            names = ", ".join(f"--{s.flag_name}" for s in given)
-            problems.append(f"{names} {'is a flag' if len(given) == 1 else 'are flags'} of {wanted}: add {switch} "
-                            f"(or distributed_type: {wanted} in the config file{f' {source.path}' if source.path else ''})")
-            continue
-        if kind != wanted:
-            continue
-        values = dict(config.get(section) or {})
-        for setting, raw in given.items():
-            values[setting.place[1]] = _check(setting, f"--{setting.flag_name}", raw, problems)
-        if values.get("deepspeed_config_file"):  # the workers may start elsewhere
-            values["deepspeed_config_file"] = str(Path(values["deepspeed_config_file"]).expanduser().absolute())
-        out[section] = values
-        problems.extend(_plugin_problems(section, values))
-    return out
-
-
-def _plugin_problems(section: str, values: dict[str, Any]) -> list[str]:
-    """What the plugin built from ``values`` in each worker would refuse."""
-    from overdrive.config import FullyShardedDataParallelPlugin
-    from overdrive.strategies.deepspeed import DeepSpeedPlugin
-
-    try:
-        if section == "fsdp_config":
-            FullyShardedDataParallelPlugin.from_config_dict(values)
-            return []
-        return [f"DeepSpeed: {problem}" for problem in DeepSpeedPlugin.from_config_dict(values).problems()]
-    except (ValueError, TypeError, OSError) as exc:
-        return [f"{'FSDP' if section == 'fsdp_config' else 'DeepSpeed'}: {exc}"]
-
-
 def add_parser(sub: Any) -> None:
     """Register ``overdrive launch`` (``accelerate launch``'s flags), the script and its arguments."""
     parser: Parser = sub.add_parser(
@@ -102,29 +67,12 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-@dataclass(frozen=True)
-class Value:
-    value: Any
-    source: str
-
-
-def _given(args: argparse.Namespace, name: str) -> Any:
-    return getattr(args, name, None)
-
-
-def _check(setting: Setting, label: str, raw: Any, problems: list[str]) -> Any:
-    value, problem = setting.check(label, raw)
-    if problem:
-        problems.append(problem)
-    return value
-
-
 def read_config(args: argparse.Namespace) -> tuple[dict[str, Any], cf.ConfigSource]:
     """The config file launch reads (``--config_file``, else the default one, if any) and where it came from.
 
     Returns ``({}, source)`` when there is none. Raises ``UsageError`` for a file that is invalid, or
     missing when ``--config_file`` named it."""
-    source = cf.find_config(_given(args, "config_file"))
+    source = cf.find_config(flag_value(args, "config_file"))
     if source.path is None:
         return {}, source
     try:
@@ -136,7 +84,7 @@ def read_config(args: argparse.Namespace) -> tuple[dict[str, Any], cf.ConfigSour
 
 
 def _device() -> tuple[str | None, int]:
-    import torch
+    import torch  # lazy: the first pass refuses bad arguments before torch loads
 
     if not torch.accelerator.is_available():
         return None, 0
@@ -149,8 +97,8 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     ``runtime.cluster.launch_defaults`` > config file > defaults), what each worker runs, and the one line
     that says what will run. Raises ``UsageError`` listing every problem.
 
-    Two passes: the first knows nothing of the devices and imports no torch (a mistyped value is refused in
-    a fraction of a second, not after torch's 2-10 s import); the second finds the devices and checks what
+    Two passes: the first knows nothing of the devices and imports no torch (a mistyped value is refused
+    at once, not after torch's import, which takes seconds); the second finds the devices and checks what
     depends on them (the default process count, fp8 on this GPU)."""
     _plan(args, device=None)
     plan = _plan(args, device=_device())
@@ -158,19 +106,126 @@ def plan_launch(args: argparse.Namespace) -> tuple[LaunchPlan, Command, str]:
     return plan
 
 
-def _missing_packages(precision: Any, use_deepspeed: bool, config: dict[str, Any], rdzv: Value) -> list[str]:
-    """Optional packages the launch needs and this environment lacks (found without importing them)."""
-    problems = []
-    deepspeed = use_deepspeed or str(config.get("distributed_type") or "").upper() == "DEEPSPEED"
-    if deepspeed and importlib.util.find_spec("deepspeed") is None:
-        problems.append("DeepSpeed is not installed: pip install deepspeed (or overdrive[deepspeed])")
-    if precision == "fp8" and not any(importlib.util.find_spec(name) for name in ("torchao", "transformer_engine")):
-        problems.append("mixed_precision 'fp8' needs torchao (pip install torchao, or overdrive[fp8]) or "
-                        "Transformer Engine; neither is installed")
-    if rdzv.value in ("etcd", "etcd-v2") and importlib.util.find_spec("etcd") is None:
-        problems.append(f"rdzv_backend {rdzv.value} (from {rdzv.source}): torchrun's etcd rendezvous needs the "
-                        "python-etcd package: pip install python-etcd (or overdrive[ft])")
-    return problems
+@dataclass(frozen=True)
+class _Place:
+    """Where the workers run: the device type and count found (None, 0 in the first pass or without one),
+    whether the CPU was asked for, whether the CPU is used, and whether each process trains alone (multi-GPU
+    asked for on a machine without a GPU, as Accelerate's launcher then does)."""
+
+    device_type: str | None
+    device_count: int
+    forced_cpu: bool
+    cpu: bool
+    alone: bool
+
+    @classmethod
+    def find(cls, args: argparse.Namespace, config: dict[str, Any], device: tuple[str | None, int] | None) -> _Place:
+        device_type, device_count = device or (None, 0)
+        forced_cpu = bool(flag_value(args, "cpu")) or (not flag_value(args, "multi_gpu") and (
+            config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
+        alone = device is not None and device_type is None and not forced_cpu and _asks_multi_gpu(args, config)
+        return cls(device_type, device_count, forced_cpu, forced_cpu or device_type is None, alone)
+
+
+class _Picker:
+    """One setting's value and where it came from: the flag, else a cluster manager's variable (the machine
+    settings under SLURM / Kubeflow: ``runtime.cluster.launch_defaults``), else the config file, else the
+    default. A bad flag value is added to ``problems``."""
+
+    def __init__(self, args: argparse.Namespace, config: dict[str, Any], source: cf.ConfigSource,
+                 problems: list[str]) -> None:
+        self.args, self.config, self.source, self.problems = args, config, source, problems
+        self.settings = by_name()
+        self.cluster, self.cluster_source = launch_defaults(os.environ)
+
+    def __call__(self, name: str, default: Any = None) -> Value:
+        setting = self.settings[name]
+        default = setting.default if default is None else default
+        flag = flag_value(self.args, name)
+        if flag is not None:
+            value = check_value(setting, f"--{setting.flag_name}", flag, self.problems)
+            if value != -1:  # num_processes -1: Accelerate's "not set"
+                return Value(value, f"--{setting.flag_name}")
+        if name in self.cluster:
+            return Value(self.cluster[name], self.cluster_source)
+        key = setting.yaml_key
+        if key and key in self.config and self.config[key] is not None and self.config[key] != -1:
+            return Value(self.config[key], f"{self.source.path} ({key})")
+        return Value(default, "default")
+
+
+@dataclass(frozen=True)
+class _Picked:
+    """The launcher's own settings, each with where it came from."""
+
+    num_processes: Value
+    machines: Value  # as given: N, or MIN:MAX for an elastic job
+    min_machines: int
+    num_machines: Value
+    machine_rank: Value
+    ip: Value
+    port: Value
+    rdzv: Value
+    rdzv_conf: Value
+    same_network: Value
+    restarts: Value
+    interval: Value
+    gpu_ids: Value
+    precision: Value
+    accumulation: Value
+    threads: Value
+    debug: Value
+    timeout: Value
+    stall: Value
+    dynamo: str
+
+
+def _pick_settings(pick: _Picker, place: _Place) -> _Picked:
+    """Every setting the launcher reads itself; the number of processes defaults to one per GPU."""
+    args, problems = pick.args, pick.problems
+    given = flag_value(args, "num_machines")  # MIN:MAX (elastic) is overdrive's own form: not the schema's integer
+    machines = Value(given, "--num_machines") if given is not None and ":" in str(given) else pick("num_machines")
+    min_machines, num_machines = machine_range(machines, problems)
+    return _Picked(
+        num_processes=pick("num_processes", place.device_count if not place.cpu and place.device_count else 1),
+        machines=machines, min_machines=min_machines, num_machines=num_machines,
+        machine_rank=pick("machine_rank"), ip=pick("main_process_ip"), port=pick("main_process_port"),
+        rdzv=pick("rdzv_backend"), rdzv_conf=pick("rdzv_conf"), same_network=pick("same_network"),
+        restarts=pick("max_restarts"), interval=pick("monitor_interval"), gpu_ids=pick("gpu_ids"),
+        precision=pick("mixed_precision"), accumulation=pick("gradient_accumulation_steps"),
+        threads=pick("num_cpu_threads_per_process"), debug=pick("debug"), timeout=pick("timeout"),
+        stall=pick("stall_timeout"), dynamo=dynamo_backend(args, pick.config, problems))
+
+
+def _precision_problems(picked: _Picked, args: argparse.Namespace, config: dict[str, Any], place: _Place,
+                        first_pass: bool) -> list[str]:
+    """A missing optional package (first pass), or fp8 this machine cannot run: refused once, here, not in
+    every worker."""
+    precision = picked.precision
+    if first_pass:
+        return missing_packages(precision.value, bool(flag_value(args, "use_deepspeed")), config, picked.rdzv)
+    if precision.value != "fp8":
+        return []
+    from overdrive.precision.fp8 import fp8_unavailable  # lazy: it imports torch (second pass only)
+
+    backend = flag_value(args, "fp8_backend") or (config.get("fp8_config") or {}).get("backend")
+    problem = fp8_unavailable(backend, "cpu" if place.cpu else place.device_type)
+    return [f"{precision.source}: mixed_precision 'fp8': {problem}"] if problem else []
+
+
+def _machine_problems(picked: _Picked, args: argparse.Namespace, config: dict[str, Any], first_pass: bool,
+                      problems: list[str]) -> None:
+    """The process and machine counts together, and an elastic job's rendezvous."""
+    if not problems and (not first_pass or picked.num_processes.source != "default"):
+        # fault-tolerant machines never meet in one rendezvous: each is a replica group on its own
+        fault_tolerant = bool(flag_value(args, "ft_lighthouse") or config.get("ft_lighthouse"))
+        check_together(picked.num_processes, picked.num_machines, picked.machine_rank,
+                        Value("-", "") if fault_tolerant else picked.ip, problems)
+    if picked.min_machines != picked.num_machines.value and picked.rdzv.value == "static":
+        problems.append(f"num_machines {picked.min_machines}:{picked.num_machines.value} (from "
+                        f"{picked.machines.source}) is elastic: it needs torchrun's dynamic rendezvous: add "
+                        f"--rdzv_backend c10d (or etcd-v2, with an etcd server; rdzv_backend static, from "
+                        f"{picked.rdzv.source}), or give one number of machines")
 
 
 def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
@@ -178,220 +233,108 @@ def _plan(args: argparse.Namespace, device: tuple[str | None, int] | None
     """``plan_launch``'s pass: with ``device`` None, only the checks that need no torch (returns None)."""
     config, source = read_config(args)
     problems: list[str] = []
-    from overdrive.runtime.cluster import launch_defaults
-
-    cluster, cluster_source = launch_defaults(os.environ)  # one launcher per machine under SLURM / Kubeflow
-
-    settings = by_name()
-
-    def pick(name: str, default: Any = None) -> Value:
-        setting = settings[name]
-        default = setting.default if default is None else default
-        flag = _given(args, name)
-        if flag is not None:
-            value = _check(setting, f"--{setting.flag_name}", flag, problems)
-            if value != -1:  # num_processes -1: Accelerate's "not set"
-                return Value(value, f"--{setting.flag_name}")
-        if name in cluster:
-            return Value(cluster[name], cluster_source)
-        key = setting.yaml_key
-        if key and key in config and config[key] is not None and config[key] != -1:
-            return Value(config[key], f"{source.path} ({key})")
-        return Value(default, "default")
-
-    device_type, device_count = device or (None, 0)
-    forced_cpu = bool(_given(args, "cpu")) or (
-        not _given(args, "multi_gpu") and (config.get("use_cpu") is True or config.get("distributed_type") == "MULTI_CPU"))
-    cpu = forced_cpu or device_type is None
-    alone = device is not None and device_type is None and not forced_cpu and _asks_multi_gpu(args, config)
-    num_processes = pick("num_processes", device_count if not cpu and device_count else 1)
-    given = _given(args, "num_machines")  # MIN:MAX (elastic) is overdrive's own form: not the schema's integer
-    machines = Value(given, "--num_machines") if given is not None and ":" in str(given) else pick("num_machines")
-    min_machines, num_machines = _machine_range(machines, problems)
-    machine_rank = pick("machine_rank")
-    ip, port = pick("main_process_ip"), pick("main_process_port")
-    rdzv, rdzv_conf, same_network = pick("rdzv_backend"), pick("rdzv_conf"), pick("same_network")
-    restarts, interval, gpu_ids = pick("max_restarts"), pick("monitor_interval"), pick("gpu_ids")
-    precision = pick("mixed_precision")
-    if device is None:
-        problems += _missing_packages(precision.value, bool(_given(args, "use_deepspeed")), config, rdzv)
-    elif precision.value == "fp8":  # a missing package or GPU fails here once, not in every worker
-        from overdrive.precision.fp8 import fp8_unavailable
-
-        backend = _given(args, "fp8_backend") or (config.get("fp8_config") or {}).get("backend")
-        fp8_problem = fp8_unavailable(backend, "cpu" if cpu else device_type)
-        if fp8_problem:
-            problems.append(f"{precision.source}: mixed_precision 'fp8': {fp8_problem}")
-    accumulation, threads = pick("gradient_accumulation_steps"), pick("num_cpu_threads_per_process")
-    debug, timeout, stall = pick("debug"), pick("timeout"), pick("stall_timeout")
-    dynamo = _dynamo_backend(args, config, problems)
-
-    if not problems and (device is not None or num_processes.source != "default"):
-        # fault-tolerant machines never meet in one rendezvous: each is a replica group on its own
-        fault_tolerant = bool(_given(args, "ft_lighthouse") or config.get("ft_lighthouse"))
-        _check_together(num_processes, num_machines, machine_rank, Value("-", "") if fault_tolerant else ip, problems)
-    if min_machines != num_machines.value and rdzv.value == "static":
-        problems.append(f"num_machines {min_machines}:{num_machines.value} (from {machines.source}) is elastic: it "
-                        f"needs torchrun's dynamic rendezvous: add --rdzv_backend c10d (or etcd-v2, with an etcd "
-                        f"server; rdzv_backend static, from {rdzv.source}), or give one number of machines")
-    plugin_config = _plugin_config(args, config, source, problems)
-    extra_config = launch_extra.apply_flags(args, config, str(precision.value), problems)
-    command = _command(args, problems)
+    pick = _Picker(args, config, source, problems)
+    place = _Place.find(args, config, device)
+    picked = _pick_settings(pick, place)
+    problems += _precision_problems(picked, args, config, place, first_pass=device is None)
+    _machine_problems(picked, args, config, device is None, problems)
+    plugin_config = plugin_sections(args, config, source, problems)
+    feature_config = launch_features.apply_flags(args, config, str(picked.precision.value), problems)
+    command = command_of(args, problems)
     guesses: list[str] = []
     if device is None and command.target and not command.no_python:  # a missing tracker package, named once
-        from overdrive.cli.launch_trackers import tracker_problems
-
         certain, guesses = tracker_problems(None if command.module else command.target, command.args)
         problems += certain
-    if extra_config.get("ft_lighthouse") and not problems:
-        problems += _lighthouse_problems(str(extra_config["ft_lighthouse"]))
+    if feature_config.get("ft_lighthouse") and not problems:
+        problems += lighthouse_problems(str(feature_config["ft_lighthouse"]))
     if problems:
         raise UsageError(problems)
     if device is None:
-        if not _given(args, "quiet"):
+        if not flag_value(args, "quiet"):
             for line in guesses:  # read from the source, which may never run it: a warning, not a refusal
                 print(f"overdrive launch: warning: {line}", file=sys.stderr, flush=True)
         return None
+    worker_config = _worker_config(picked, place, config, source, {**plugin_config, **feature_config})
+    plan = _launch_plan(picked, place, worker_config, args)
+    return plan, command, _summary_line(plan, place, args, source)
 
-    local = num_processes.value // num_machines.value
-    visible = {}
-    if not cpu and gpu_ids.value != "all" and device_type in DEVICE_VARIABLES:
-        visible[DEVICE_VARIABLES[device_type]] = gpu_ids.value
+
+def _worker_config(picked: _Picked, place: _Place, config: dict[str, Any], source: cf.ConfigSource,
+                   flags_config: dict[str, Any]) -> dict[str, Any]:
+    """The launch config every worker reads: the config file's sections, the flags' settings over them, and
+    the launcher's own settings."""
+    local = picked.num_processes.value // picked.num_machines.value
+    settings = by_name()
     keys = {name: settings[name].yaml_key for name in PASSTHROUGH}
     worker_config = {name: config[key] for name, key in keys.items() if key in config}
-    worker_config.update(plugin_config)
-    worker_config.update(extra_config)
+    worker_config.update(flags_config)
+    threads = picked.threads.value or _inherited_threads() or default_threads(local)
     worker_config.update(
-        cpu=cpu and not alone, mixed_precision=precision.value, gradient_accumulation_steps=accumulation.value,
-        dynamo_backend=dynamo, debug=debug.value, num_processes=num_processes.value,
-        num_machines=num_machines.value, machine_rank=machine_rank.value, main_process_ip=ip.value,
-        main_process_port=port.value, rdzv_backend=rdzv.value, same_network=same_network.value,
-        gpu_ids=gpu_ids.value, num_cpu_threads_per_process=threads.value or _inherited_threads() or default_threads(local),
-        config_file=str(source.path) if source.path else None,
-    )
-    if timeout.value is not None:
-        worker_config["timeout"] = timeout.value
-    if stall.value is not None:
-        worker_config["stall_timeout"] = stall.value
-    machines_plan = (num_processes.value, num_machines.value, machine_rank.value, ip.value, min_machines)
-    if extra_config.get("ft_lighthouse"):  # each machine is one replica group: its own torchrun, on itself
-        worker_config.setdefault("ft_replica_group", machine_rank.value)
-        worker_config.setdefault("ft_num_replica_groups", num_machines.value)
-        machines_plan = (local, 1, 0, "127.0.0.1", 1)
-    group_processes, group_machines, group_rank, group_ip, group_min = machines_plan
-    plan = LaunchPlan(
-        num_processes=group_processes, num_machines=group_machines, machine_rank=group_rank,
-        main_process_ip=group_ip, main_process_port=port.value, rdzv_backend=rdzv.value, min_machines=group_min,
-        rdzv_conf=rdzv_conf.value or "", max_restarts=restarts.value, monitor_interval=interval.value,
-        num_cpu_threads_per_process=threads.value, visible_devices=visible, worker_config=worker_config,
-        log_dir=_given(args, "log_dir"), tee=_given(args, "tee"), role=_given(args, "role") or "default",
-        debug=bool(debug.value), quiet=bool(_given(args, "quiet")),
-    )
-    if device_type is None:
+        cpu=place.cpu and not place.alone, mixed_precision=picked.precision.value,
+        gradient_accumulation_steps=picked.accumulation.value, dynamo_backend=picked.dynamo,
+        debug=picked.debug.value, num_processes=picked.num_processes.value, num_machines=picked.num_machines.value,
+        machine_rank=picked.machine_rank.value, main_process_ip=picked.ip.value, main_process_port=picked.port.value,
+        rdzv_backend=picked.rdzv.value, same_network=picked.same_network.value, gpu_ids=picked.gpu_ids.value,
+        num_cpu_threads_per_process=threads, config_file=str(source.path) if source.path else None)
+    if picked.timeout.value is not None:
+        worker_config["timeout"] = picked.timeout.value
+    if picked.stall.value is not None:
+        worker_config["stall_timeout"] = picked.stall.value
+    if worker_config.get("ft_lighthouse"):  # each machine is one replica group
+        worker_config.setdefault("ft_replica_group", picked.machine_rank.value)
+        worker_config.setdefault("ft_num_replica_groups", picked.num_machines.value)
+    return worker_config
+
+
+def _launch_plan(picked: _Picked, place: _Place, worker_config: dict[str, Any],
+                 args: argparse.Namespace) -> LaunchPlan:
+    """The plan torchrun runs on this machine; a fault-tolerant machine runs its own torchrun, on itself."""
+    visible = {}
+    if not place.cpu and picked.gpu_ids.value != "all" and place.device_type in DEVICE_VARIABLES:
+        visible[DEVICE_VARIABLES[place.device_type]] = picked.gpu_ids.value
+    machines = (picked.num_processes.value, picked.num_machines.value, picked.machine_rank.value, picked.ip.value,
+                picked.min_machines)
+    if worker_config.get("ft_lighthouse"):
+        machines = (picked.num_processes.value // picked.num_machines.value, 1, 0, "127.0.0.1", 1)
+    processes, num_machines, machine_rank, ip, min_machines = machines
+    return LaunchPlan(
+        num_processes=processes, num_machines=num_machines, machine_rank=machine_rank, main_process_ip=ip,
+        main_process_port=picked.port.value, rdzv_backend=picked.rdzv.value, min_machines=min_machines,
+        rdzv_conf=picked.rdzv_conf.value or "", max_restarts=picked.restarts.value,
+        monitor_interval=picked.interval.value, num_cpu_threads_per_process=picked.threads.value,
+        visible_devices=visible, worker_config=worker_config, log_dir=flag_value(args, "log_dir"),
+        tee=flag_value(args, "tee"), role=flag_value(args, "role") or "default", debug=bool(picked.debug.value),
+        quiet=bool(flag_value(args, "quiet")))
+
+
+def _summary_line(plan: LaunchPlan, place: _Place, args: argparse.Namespace, source: cf.ConfigSource) -> str:
+    """The one line that says what will run, with why the CPU is used."""
+    if place.alone and plan.num_processes > 1:
+        return (f"overdrive launch: starting {plan.processes_per_machine} processes on the CPU, each training alone "
+                "(world size 1): multi-GPU was asked for on a machine with no GPU, and accelerate launch does the "
+                "same; add --cpu to train them as one run on gloo" + (f"; config: {source.path}" if source.path else ""))
+    if place.device_type is None:
         cpu_reason = " (no GPU found)"
-    elif _given(args, "cpu"):
+    elif flag_value(args, "cpu"):
         cpu_reason = " (--cpu)"
     else:
-        cpu_reason = " (the config file asks for the CPU)" if forced_cpu else ""
-    summary = _summary(plan, cpu, cpu_reason, device_type, source)
-    if alone and plan.num_processes > 1:
-        summary = (f"overdrive launch: starting {plan.processes_per_machine} processes on the CPU, each training alone "
-                   "(world size 1): multi-GPU was asked for on a machine with no GPU, and accelerate launch does the "
-                   "same; add --cpu to train them as one run on gloo" + (f"; config: {source.path}" if source.path else ""))
-    return plan, command, summary
+        cpu_reason = " (the config file asks for the CPU)" if place.forced_cpu else ""
+    return _summary(plan, place.cpu, cpu_reason, place.device_type, source)
 
 
 def _asks_multi_gpu(args: argparse.Namespace, config: dict[str, Any]) -> bool:
     """Whether ``--multi_gpu`` or, with no other kind given by a flag, the config file's ``distributed_type``
     asks for one process per GPU (Accelerate's launcher then starts its workers without the CPU setting)."""
-    if _given(args, "multi_gpu"):
+    if flag_value(args, "multi_gpu"):
         return True
     others = ("use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu")
-    return not any(_given(args, name) for name in others) and config.get("distributed_type") == "MULTI_GPU"
-
-
-def _lighthouse_problems(address: str) -> list[str]:
-    """A fault-tolerant launch is refused when nothing answers at its lighthouse."""
-    from overdrive.cli.lighthouse import check_lighthouse
-
-    why = check_lighthouse(address)
-    if why is None:
-        return []
-    return [f"--ft_lighthouse {address}: no lighthouse answers there ({why}); start one with 'overdrive lighthouse "
-            "--min_replicas N' on a machine every replica group can reach, and give the address it prints"]
-
-
-def _machine_range(machines: Value, problems: list[str]) -> tuple[int, Value]:
-    """``(MIN, MAX)`` of the number of machines: ``--num_machines MIN:MAX`` (or an elastic Kubeflow job's
-    ``PET_NNODES``) for an elastic job, else one number for both."""
-    low, sep, high = str(machines.value).strip().partition(":")
-    if not sep:
-        return machines.value, machines
-    label = machines.source if machines.source.startswith("--") else f"num_machines (from {machines.source})"
-    bounds = [int(part) if part.strip().isdigit() else 0 for part in (low, high)]
-    if min(bounds) < 1:
-        problems.append(f"{label}: {machines.value!r} is not a number of machines; give N, or MIN:MAX (e.g. 1:2) "
-                        "for an elastic job")
-        return 1, Value(1, machines.source)
-    if bounds[0] > bounds[1]:
-        problems.append(f"{label}: {machines.value!r} has MIN {bounds[0]} above MAX {bounds[1]}; give MIN:MAX with "
-                        "MIN <= MAX")
-        return bounds[1], Value(bounds[1], machines.source)
-    return bounds[0], Value(bounds[1], machines.source)
+    return not any(flag_value(args, name) for name in others) and config.get("distributed_type") == "MULTI_GPU"
 
 
 def _inherited_threads() -> int | None:
     """OMP_NUM_THREADS of this shell, which the workers keep when no thread count is asked for."""
     value = os.environ.get("OMP_NUM_THREADS", "")
     return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def _dynamo_backend(args: argparse.Namespace, config: dict[str, Any], problems: list[str]) -> str:
-    flag = _given(args, "dynamo_backend")
-    if flag is not None:
-        return str(_check(by_name()["dynamo_backend"], "--dynamo_backend", flag, problems)).lower()
-    backend = (config.get("dynamo_config") or {}).get("dynamo_backend")
-    return str(backend).lower() if backend else "no"
-
-
-def _check_together(num_processes: Value, num_machines: Value, machine_rank: Value, ip: Value,
-                    problems: list[str]) -> None:
-    if num_processes.value % num_machines.value:
-        problems.append(
-            f"num_processes {num_processes.value} (from {num_processes.source}) is the number of processes over all "
-            f"machines and must divide evenly among num_machines {num_machines.value} (from {num_machines.source}); "
-            f"for {num_machines.value} machines try {num_machines.value * max(num_processes.value // num_machines.value, 1)}")
-    if machine_rank.value >= num_machines.value:
-        problems.append(f"machine_rank {machine_rank.value} (from {machine_rank.source}) must be below num_machines "
-                        f"{num_machines.value} (from {num_machines.source}): ranks run 0..{num_machines.value - 1}")
-    if num_machines.value > 1 and not ip.value:
-        problems.append(f"num_machines {num_machines.value} (from {num_machines.source}) needs --main_process_ip, the "
-                        "address of the machine of rank 0, on every machine")
-
-
-def _command(args: argparse.Namespace, problems: list[str]) -> Command:
-    target = args.training_script
-    if not target:
-        problems.append("no training script given: overdrive launch [FLAGS] SCRIPT.py [SCRIPT ARGS] "
-                        "(or -m MODULE, or --no_python PROGRAM)")
-        return Command(target="")
-    command = Command(target=target, args=tuple(args.training_script_args), module=bool(args.module),
-                      no_python=bool(args.no_python), as_accelerate=bool(getattr(args, "as_accelerate", False)))
-    if command.as_accelerate and command.no_python:
-        problems.append("--as_accelerate needs a python script or module (-m): it cannot alias imports in a program "
-                        "started with --no_python")
-    if command.module and command.no_python:
-        problems.append("-m/--module and --no_python cannot be used together: a module needs python")
-    elif command.no_python:
-        if shutil.which(target) is None:
-            problems.append(f"program {target!r} (--no_python) was not found on PATH or is not executable")
-    elif not command.module:
-        path = Path(target)
-        if not path.is_file():
-            where = f" (looked in {os.getcwd()})" if not path.is_absolute() else ""
-            names = [p.name for p in path.parent.iterdir() if p.suffix == ".py"] if path.parent.is_dir() else []
-            problems.append(f"training script {target!r} does not exist{where}{cf.nearest(path.name, names, 0.8)}")
-    return command
 
 
 def _summary(plan: LaunchPlan, cpu: bool, cpu_reason: str, device_type: str | None,
@@ -417,10 +360,13 @@ def run(args: argparse.Namespace) -> int:
     """``overdrive launch``: resolve the flags and config into a plan, print its summary (unless ``--quiet``)
     and run the script through torchrun; returns the launch's exit status."""
     plan, command, summary = plan_launch(args)
+    # lazy: the launcher's machinery (subprocess, the failure report) loads once the arguments are accepted
+    from overdrive.launchers.torchrun import launch_script
+
     if not plan.quiet:
         print(summary, file=sys.stderr, flush=True)
         if not command.as_accelerate and not command.no_python and not command.module:
-            from overdrive.cli.launch_hints import accelerate_line
+            from overdrive.cli.launch_hints import accelerate_line  # lazy: only when the summary is shown
 
             line = accelerate_line(command.target)
             if line:

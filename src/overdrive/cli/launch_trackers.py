@@ -40,6 +40,7 @@ def tracker_problems(script: str | None, script_args: Sequence[str]) -> tuple[li
 def _missing(name: str, seen: set[str]) -> str | None:
     """The pip name of the first package tracker ``name`` lacks; None when it lacks none, when it was seen
     before, or when it is not a tracker overdrive knows."""
+    # lazy: the trackers' table loads only when a script names a tracker
     from overdrive.tracking.base import is_package_available, tracker_class, tracker_names
 
     if name in _SKIPPED or name not in tracker_names() or name in seen:

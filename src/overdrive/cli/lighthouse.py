@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise UsageError(problems)
     try:
-        from torchft._torchft import LighthouseServer
+        from torchft._torchft import LighthouseServer  # lazy: optional dependency
     except ImportError:
         raise UsageError("overdrive lighthouse needs the 'torchft' package, which cannot be imported here; install "
                          "it with: pip install 'overdrive[ft]' (or pip install torchft)") from None

@@ -46,12 +46,12 @@ def _fmt(value: float) -> str:
 def plot_png(series: dict[str, tuple[list[float], list[float]]], output: str, title: str) -> None:
     """One subplot per metric, value against step, written to ``output``."""
     try:
-        import matplotlib
+        import matplotlib  # lazy: optional dependency
     except ImportError as exc:
         raise ImportError("overdrive plot needs the 'matplotlib' package for the PNG: pip install matplotlib "
                           "(or pass --no-png for the summary alone)") from exc
     matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: optional dependency
 
     count = len(series)
     cols = 1 if count == 1 else 2 if count <= 4 else 3

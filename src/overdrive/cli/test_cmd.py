@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from overdrive.cli import add_flag
+from overdrive.cli import Parser, add_flag
+from overdrive.cli.launch import add_launch_flags, plan_launch
 
 
 def add_parser(sub: Any) -> None:
@@ -41,8 +42,7 @@ def _launch_argv(args: argparse.Namespace, result: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """``overdrive test``: launch the built-in tiny training run with the given config and flags and say
     whether this machine can train; returns 0 when it trained, else the run's exit status (or 1)."""
-    from overdrive.cli import Parser
-    from overdrive.cli.launch import add_launch_flags, plan_launch
+    # lazy: `overdrive --help` builds this parser; the launcher's machinery loads only to run
     from overdrive.launchers.torchrun import launch_script
 
     with tempfile.TemporaryDirectory(prefix="overdrive-test-") as tmp:

@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert the file; usage problems raise ``UsageError``."""
-    import yaml
+    import yaml  # lazy: `overdrive --help` builds this parser; PyYAML loads only when a file is converted
 
     source = Path(args.config_file).expanduser()
     if not source.is_file():

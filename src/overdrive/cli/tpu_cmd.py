@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from overdrive.cli import UsageError, add_flag
+from overdrive.launchers import config_file as cf
 
 #: what ``--accelerate_version`` installs: "dev" (the repository), "latest" (an upgrade) or a release number
 VERSION_PATTERN = re.compile(r"^\d+(\.\d+)*([.-]?(a|b|rc|dev|post)\d*)*$")
@@ -43,8 +44,6 @@ def add_parser(sub: Any) -> None:
 def fill_from_config(args: argparse.Namespace) -> None:
     """Complete ``args`` from the config file (``--config_file``, else the default one if there is one), as
     Accelerate does: a flag given wins."""
-    from overdrive.launchers import config_file as cf
-
     source = cf.find_config(args.config_file)
     if source.path is None or not source.path.is_file():
         if args.config_file is not None:

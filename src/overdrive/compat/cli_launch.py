@@ -21,7 +21,7 @@ from collections import deque
 from contextlib import suppress
 from typing import Any
 
-from overdrive.launchers.torchrun import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
+from overdrive.launchers.failure_report import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
 
 try:  # Accelerate's launcher ends a child's whole tree through psutil (a dependency of Accelerate, not ours)
     import psutil
@@ -404,7 +404,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
 
 def _environ_only(args: argparse.Namespace) -> dict[str, str]:
     """The variables for ``args`` without a script to check (Accelerate builds them without one)."""
-    from overdrive.config.accelerate_env import variables_for_workers
+    from overdrive.launchers.accelerate_variables import variables_for_workers
 
     env = dict(os.environ)
     env.update(variables_for_workers({"mixed_precision": getattr(args, "mixed_precision", "no"),

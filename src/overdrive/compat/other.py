@@ -231,8 +231,8 @@ def load_config_from_file(config_file: str | os.PathLike | None = None) -> Any:
 def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None) -> Path | bool:
     """Write a one-machine config file using every local device (``overdrive config default``); returns
     its path, or False (and changes nothing) when a file is already there."""
-    from overdrive.config.launch_settings import MIXED_PRECISION
     from overdrive.launchers import config_file as cf
+    from overdrive.launchers.settings import MIXED_PRECISION
 
     path = Path(save_location or cf.default_config_path()).expanduser()
     if path.exists():

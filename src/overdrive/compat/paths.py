@@ -67,8 +67,8 @@ class _ServedLoader:
             # the import system stamped the served spec on it: the module keeps its own identity
             module.__spec__ = self.own_spec
             return
+        from overdrive._lazy import lazy_exports
         from overdrive.compat.table import NAMES, REMOVED
-        from overdrive.config._lazy import lazy_exports
 
         names = NAMES[module.__name__]
         module.__doc__ = (f"``accelerate{module.__name__[len('overdrive'):]}`` under overdrive: names served from "
@@ -78,6 +78,10 @@ class _ServedLoader:
         if removed:
             getter = _warning_on(removed, module.__name__, names, getter)
         vars(module).update(__all__=sorted(names), __getattr__=getter, __dir__=lambda: sorted(names))
+        if module.__name__ == "overdrive.big_modeling":  # what is assigned there replaces dispatch_model's check
+            from overdrive import big_model  # lazy: `import overdrive` loads the finder alone
+
+            big_model.device_map_check_sources.append(module)
 
 
 def _warning_on(removed: dict[str, tuple[str, str]], module: str, names: dict[str, str],

@@ -319,7 +319,7 @@ NAMES: dict[str, dict[str, str]] = {
         **_names(_MOD, "CustomHelpFormatter FORMAT clean_option options_to_group deepspeed_launcher"),
         **_names(_REF, "sagemaker_launcher tpu_launcher tpu_pod_launcher"),
         **_names(_K, "DEEPSPEED_MULTINODE_LAUNCHERS TORCH_DYNAMO_MODES"),
-        **_names("overdrive.launchers.torchrun", "CHILD_STDERR_CHUNK_SIZE CHILD_STDERR_TAIL_CHUNKS"),
+        **_names("overdrive.launchers.failure_report", "CHILD_STDERR_CHUNK_SIZE CHILD_STDERR_TAIL_CHUNKS"),
         "logger": f"{_SURF}:launch_logger", "main": f"{_MOD}:launch_main",
         # what Accelerate's launch module imports, so that scripts and tests can patch them there
         **_names(_CLI, "prepare_multi_gpu_env prepare_simple_launcher_cmd_env simple_launcher multi_gpu_launcher "

@@ -1,7 +1,7 @@
 """User-facing configuration: plugins, kwargs handlers, enums and settings, with Accelerate's names and fields.
 
 These are plain values: they never read the environment, never act, and import nothing from the rest of
-overdrive (this package is the bottom layer). ``overdrive.resolve`` turns them, the launch config and
+overdrive but the lazy-export helper (this package is the bottom layer). ``overdrive.resolve`` turns them, the launch config and
 the environment into one frozen plan. One file per theme:
 
 - ``enums``: ``DistributedType``, ``PrecisionType``, ``RNGType``, ``LoggerType``, ``DDPCommunicationHookType``
@@ -13,9 +13,6 @@ the environment into one frozen plan. One file per theme:
   ``overdrive.strategies.deepspeed``, with the rest of DeepSpeed's configuration)
 - ``compile``: ``TorchDynamoPlugin``, ``ActivationCheckpointingKwargs`` (the model path,
   the same under every strategy)
-- ``launch_settings`` (+ ``setting_kinds``, its validators): the one schema of the launch settings (flag,
-  config file key, environment variable, default, question, help); ``accelerate_env`` reads and writes
-  Accelerate's variables from it
 
 Names are imported on first use (``from overdrive.config import ProjectConfiguration`` loads ``project``
 alone), so a run that uses no plugin never builds the plugin dataclasses.
@@ -25,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from overdrive.config._lazy import lazy_exports
+from overdrive._lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {

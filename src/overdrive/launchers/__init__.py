@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from overdrive.config._lazy import lazy_exports
+from overdrive._lazy import lazy_exports
 
 _EXPORTS = {
     "notebook_launcher": "overdrive.launchers.notebook",

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from overdrive import config as plugins
 from overdrive.config.choices import nearest
-from overdrive.config.launch_settings import SECTIONS, Setting, by_yaml_key
-from overdrive.config.setting_kinds import Bool
+from overdrive.launchers.setting_kinds import Bool
+from overdrive.launchers.settings import SECTIONS, Setting, by_yaml_key
 
 CONFIG_FILE_VAR = "OVERDRIVE_CONFIG_FILE"
 DEFAULT_NAME = "default_config.yaml"
@@ -49,7 +50,7 @@ def shown_path(path: str | os.PathLike) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-# -- checking a mapping against the launch-settings schema (config/launch_settings.py) ----------------------
+# -- checking a mapping against the launch-settings schema (launchers/settings.py) ----------------------
 #: the keys ``deepspeed_config`` may hold besides the schema's: Accelerate's names and ``DeepSpeedPlugin``'s
 #: fields. The plugin is its strategy's, above this layer, so they are written out here;
 #: tests/strategies/deepspeed/test_config.py checks they are the plugin's (its ``CONFIG_KEYS`` and fields).
@@ -65,8 +66,6 @@ DEEPSPEED_KEYS = (
 
 def _plugin_keys(section: str) -> list[str]:
     """The keys a plugin section may hold besides the schema's: the plugin's fields and Accelerate's names."""
-    from overdrive import config as plugins
-
     if section == "deepspeed_config":
         return list(DEEPSPEED_KEYS)
     return [*plugins.FSDP_CONFIG_KEYS, *plugins.field_names(plugins.FullyShardedDataParallelPlugin)]
@@ -171,7 +170,7 @@ def save_config(config: Mapping[str, Any], path: str | os.PathLike) -> Path:
     if path.suffix == ".json":
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     else:
-        import yaml
+        import yaml  # lazy: PyYAML loads only when a YAML file is read or written
 
         text = yaml.safe_dump(data, sort_keys=True)
     try:
@@ -223,7 +222,7 @@ def load_yaml(text: str, repeated: list[str] | None = None) -> Any:
     """``yaml.safe_load`` (a key given twice in one mapping keeps its last value, as in PyYAML), refusing
     documents whose aliases expand to more than ``MAX_YAML_VALUES`` values (checked on the node graph,
     before anything is built). Each repeated key is described in ``repeated``, with its lines."""
-    import yaml
+    import yaml  # lazy: PyYAML loads only when a YAML file is read or written
 
     loader = yaml.SafeLoader(text)
     try:
@@ -237,7 +236,7 @@ def load_yaml(text: str, repeated: list[str] | None = None) -> Any:
 
 
 def _check_nodes(root: Any, repeated: list[str]) -> None:
-    import yaml
+    import yaml  # lazy: as in _load (already loaded by then)
 
     sizes: dict[int, int] = {}
 

@@ -19,22 +19,23 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from overdrive.config.choices import invalid_choice
-from overdrive.config.launch_settings import MIXED_PRECISION, RDZV_BACKENDS
+from overdrive.launchers.failure_report import describe_failures
+from overdrive.launchers.launch_plan import default_threads
 from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, encode_launch_config
-from overdrive.launchers.torchrun import (
-    LaunchError,
-    default_threads,
-    describe_failures,
-    patched_environ,
-    quiet_torchelastic,
-)
+from overdrive.launchers.settings import MIXED_PRECISION, RDZV_BACKENDS
+from overdrive.launchers.torchrun import LaunchError, patched_environ, quiet_torchelastic
+from overdrive.runtime.cluster import detect_process_info
+from overdrive.runtime.device import select_device
+from overdrive.runtime.process_group import ensure_process_group
 
 
 def _run_function(function: Callable[..., Any], threads: int, *args: Any) -> Any:
     """What each worker runs: the thread count first (forked children keep the parent's thread pool size,
     whatever OMP_NUM_THREADS says), then the function."""
-    import torch
 
     torch.set_num_threads(threads)
     return function(*args)
@@ -59,9 +60,6 @@ def _start_method(function: Callable[..., Any]) -> str:
 
 
 def _check_fresh(num_processes: int) -> None:
-    import torch
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         raise ValueError("a process group already exists in this process: create the Accelerator inside the "
                          "function given to notebook_launcher, not before it (restart the kernel)")
@@ -75,9 +73,10 @@ def _elastic_run(function: Callable[..., Any], args: tuple, *, nproc_per_node: i
                  rdzv_backend: str, rdzv_endpoint: str, rdzv_configs: dict[str, Any], rdzv_id: str,
                  max_restarts: int, monitor_interval: float, worker_config: dict[str, Any],
                  log_line_prefix_template: str | None = None) -> dict[int, Any]:
+    # lazy: torchelastic's launcher loads only when processes start
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: as above
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # lazy: as above
 
     log_dir = tempfile.mkdtemp(prefix="overdrive-notebook-")
     threads = default_threads(nproc_per_node)
@@ -117,7 +116,6 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
             ...
         notebook_launcher(train, args=(1e-3,), num_processes=2)
     """
-    import torch
 
     if str(mixed_precision).lower() not in MIXED_PRECISION:
         # Accelerate's opening words, which callers match, then overdrive's choices and nearest one
@@ -162,9 +160,5 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
 def test_launch() -> None:
     """Check that this process can take its place in the launched job: find its rank and world size in the
     launcher's variables and join the process group (what ``PartialState()`` does first)."""
-    from overdrive.runtime.cluster import detect_process_info
-    from overdrive.runtime.device import select_device
-    from overdrive.runtime.process_group import ensure_process_group
-
     info = detect_process_info()
     ensure_process_group(info, select_device(info.local_rank))

@@ -13,8 +13,12 @@ from typing import Any
 LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
 #: The launcher's process id, so that a worker can die with it (``overdrive.launchers.worker``).
 LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"
+#: "1": ``import accelerate`` gives overdrive in this worker (``overdrive launch --as_accelerate``). The root
+#: package installs the alias as it loads, before the worker entry point runs: the alias lives in the top layer,
+#: which the launcher must not name.
+AS_ACCELERATE_VAR = "OVERDRIVE_AS_ACCELERATE"
 #: Every variable of Accelerate's that the resolver reads starts with one of these (a test checks the schema):
-#: without one, the schema (~45 M instructions to import) is not loaded at all.
+#: without one, the schema is not loaded at all (a run started without Accelerate's variables never needs it).
 ACCELERATE_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "OVERDRIVE_FT_")
 
 
@@ -24,7 +28,8 @@ def launch_config() -> dict[str, Any]:
     empty when started another way."""
     from_accelerate: dict[str, Any] = {}
     if any(name.startswith(ACCELERATE_PREFIXES) for name in os.environ):
-        from overdrive.config.accelerate_env import settings_from_environment
+        # lazy: the schema loads only when one of Accelerate's variables is set
+        from overdrive.launchers.accelerate_variables import settings_from_environment
 
         from_accelerate = settings_from_environment(os.environ)
     raw = os.environ.get(LAUNCH_CONFIG_VAR)

@@ -9,7 +9,7 @@ progress line). So the worker's Python ``sys.stdout`` writes into the same file,
 they were written. Bytes written to file descriptor 1 directly (C code, a child process given
 ``stdout=sys.stdout``, ``faulthandler.enable(sys.stdout)``: ``sys.stdout.fileno()`` answers 1) still go straight
 to the launcher's stdout: they arrive, but not ordered with the framed writes around them, which the launcher
-copies up to 50 ms later (tests/launchers/test_quiet_output.py).
+copies a moment later (its copier's interval; tests/launchers/test_quiet_output.py).
 """
 
 from __future__ import annotations

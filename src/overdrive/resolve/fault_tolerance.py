@@ -10,7 +10,7 @@ import socket
 from typing import Any
 
 from overdrive.config import DistributedDataParallelKwargs
-from overdrive.config.setting_kinds import LighthouseAddress
+from overdrive.launchers.setting_kinds import LighthouseAddress
 from overdrive.resolve.plan import FaultTolerantSettings
 from overdrive.resolve.process import ProcessPlan
 

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+#: the start of the report's one JSON line on stderr, which the launcher finds in the worker's log
+REPORT_MARKER = "overdrive-hang-report: "
+#: what a collective's error says when another rank's process ended under it (lower case)
+PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
 
 def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"

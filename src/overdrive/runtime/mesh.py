@@ -129,6 +129,7 @@ class ParallelMesh:
             self._build()
 
     def _build(self) -> None:
+        # lazy: the sizes are checked without torch.distributed; only a built mesh needs it
         from torch.distributed.device_mesh import init_device_mesh
 
         axes = self.dims.enabled_axes
@@ -175,7 +176,7 @@ class ParallelMesh:
             return shard
         if self.dims.cp == 1:
             return self.mesh["dp_replicate", "dp_shard"]
-        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.device_mesh import DeviceMesh  # lazy: as in _build
 
         # A 2-D view whose rows are replicas and columns shards: built from the global mesh's rank layout.
         ranks = self.mesh.mesh

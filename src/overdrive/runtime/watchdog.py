@@ -47,8 +47,8 @@ from typing import Any
 import torch.distributed as dist
 
 from overdrive.runtime import hang_report as reports
+from overdrive.runtime.hang_report import PEER_LOSS, REPORT_MARKER
 
-REPORT_MARKER = "overdrive-hang-report: "
 _ANSWER_WAIT_S = 5.0
 #: the longest a store call made while reporting a fault may take before the store counts as unreachable
 CALL_DEADLINE_S = 3.0
@@ -108,9 +108,6 @@ def is_timeout(error: BaseException | None) -> bool:
 
 
 #: what a collective's error says when another rank's process ended (read by the launcher's report too)
-PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe")
-
-
 def is_peer_loss(error: BaseException | None) -> bool:
     """Whether ``error`` says a collective lost its connection to another rank (that rank's process ended)."""
     seen = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from overdrive.config._lazy import lazy_exports
+from overdrive._lazy import lazy_exports
 
 _EXPORTS = {name: "overdrive.strategies.base" for name in (
     "Strategy", "StrategyBase", "StrategyContext", "create_strategy", "register_strategy")}

@@ -12,7 +12,7 @@ and passing an instance in ``log_with`` or registering the class::
 
 from __future__ import annotations
 
-from overdrive.config._lazy import lazy_exports
+from overdrive._lazy import lazy_exports
 from overdrive.helpers.logging import get_logger
 from overdrive.tracking.base import (
     DEFAULT_TRACKER,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from overdrive.config._lazy import lazy_exports
+from overdrive._lazy import lazy_exports
 
 _EXPORTS = {
     "DeepSpeedPlugin": "overdrive.strategies.deepspeed.config",

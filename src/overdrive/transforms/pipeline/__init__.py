@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from overdrive.config._lazy import lazy_exports
+from overdrive._lazy import lazy_exports
 
 _EXPORTS = {
     "PipelinedModel": "overdrive.transforms.pipeline.model",

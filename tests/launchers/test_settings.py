@@ -1,4 +1,4 @@
-"""The launch-settings schema (overdrive/config/launch_settings.py) drives the flags, the config file, the
+"""The launch-settings schema (overdrive/launchers/settings.py) drives the flags, the config file, the
 ACCELERATE_* variables (read and exported) and the docs table: one bad value gets one message whichever way
 it came in, a setting added to the schema appears everywhere, and the docs table is the schema's."""
 
@@ -13,11 +13,11 @@ import pytest
 
 from overdrive.cli import Parser, UsageError
 from overdrive.cli.launch import add_launch_flags, plan_launch
-from overdrive.config import launch_settings
-from overdrive.config.accelerate_env import settings_from_environment, variables_for_workers
-from overdrive.config.launch_settings import SETTINGS, Setting, by_name, settings_table
-from overdrive.config.setting_kinds import Int
 from overdrive.launchers import config_file as cf
+from overdrive.launchers import settings as launch_settings
+from overdrive.launchers.accelerate_variables import settings_from_environment, variables_for_workers
+from overdrive.launchers.setting_kinds import Int
+from overdrive.launchers.settings import SETTINGS, Setting, by_name, settings_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

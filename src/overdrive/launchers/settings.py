@@ -2,7 +2,7 @@
 exporter, ``overdrive launch``'s flags, ``overdrive config``'s questions and docs/launch_settings.md.
 
 Each :class:`Setting` says, once: its name (the key the workers' launch config holds it under), its kind
-(the one validator, ``config/setting_kinds.py``), its default, where it sits in the config file
+(the one validator, ``launchers/setting_kinds.py``), its default, where it sits in the config file
 (Accelerate's YAML key; ``"fsdp_config.fsdp_version"`` for a key of a section), its environment variable
 (Accelerate's), its flag (Accelerate's name; ``--name`` and ``--name-with-dashes``), its question and its
 help. A bad value gives the same message whichever way it came in; only the label differs
@@ -12,7 +12,7 @@ Adding a setting is one entry in ``SETTINGS`` (ARCHITECTURE.md, "A launch settin
 
     Setting("my_setting", Int(minimum=1), "what it does", yaml=True, env="ACCELERATE_MY_SETTING", flag=True)
 
-This module imports nothing from the rest of overdrive but ``config/`` (it is read before torch loads).
+This module imports only ``config/`` and its kinds (``setting_kinds``): the CLI reads it before torch loads.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from overdrive.config.choices import MIXED_PRECISION
 from overdrive.config.compile import DYNAMO_BACKENDS, DYNAMO_MODES
 from overdrive.config.enums import DistributedType
-from overdrive.config.setting_kinds import (
+from overdrive.launchers.setting_kinds import (
     Bool,
     Bools,
     Choice,

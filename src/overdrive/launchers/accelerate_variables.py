@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from overdrive.config.launch_settings import Setting, by_env
+from overdrive.launchers.settings import Setting, by_env
 
 #: the switches that choose a strategy: variable -> distributed_type
 _STRATEGY_SWITCHES = {"use_fsdp": "FSDP", "use_deepspeed": "DEEPSPEED", "use_megatron_lm": "MEGATRON_LM"}

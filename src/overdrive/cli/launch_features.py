@@ -1,13 +1,14 @@
-"""The rest of ``accelerate launch``'s flags, carried out: compile, fp8, the parallelism config, TPU, SageMaker,
-MPI and Megatron-LM, each with Accelerate's meaning. The flags themselves (names, kinds, help, refusals) are
-settings of the schema, ``overdrive.config.launch_settings``; any setting with a flag and a config file key
-outside the launcher's own groups is carried out here, so a new setting needs no code in this module.
+"""The features' flags of ``overdrive launch`` (the rest of ``accelerate launch``'s flags), carried out:
+compile, fp8, the parallelism config, TPU, SageMaker, MPI and Megatron-LM, each with Accelerate's meaning. The
+flags themselves (names, kinds, help, refusals) are settings of the schema, ``overdrive.launchers.settings``;
+any setting with a flag and a config file key outside the launcher's own groups is carried out here, so a new
+setting needs no code in this module.
 
 A flag given lands in the launch config the workers read, under the config file's key (``dynamo_config``,
 ``fp8_config``, ``parallelism_config`` or the top level), so flag and file mean the same; the launcher then
-exports Accelerate's variables for it (``overdrive.config.accelerate_env.variables_for_workers``). A flag
-whose feature overdrive does not have is accepted by the parser and refused, naming it, when given. Nothing
-here imports torch: ``overdrive launch`` checks its arguments before it loads torch.
+exports Accelerate's variables for it (``overdrive.launchers.accelerate_variables.variables_for_workers``). A
+flag whose feature overdrive does not have is accepted by the parser and refused, naming it, when given.
+Nothing here imports torch: ``overdrive launch`` checks its arguments before it loads torch.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from overdrive.config.launch_settings import Setting, current, section_defaults
-from overdrive.config.setting_kinds import Bool
+from overdrive.launchers.setting_kinds import Bool
+from overdrive.launchers.settings import Setting, current, section_defaults
 
 _D, _F, _P = "dynamo_config", "fp8_config", "parallelism_config"
 #: the groups whose settings ``overdrive launch`` reads itself (cli/launch.py) rather than here
 _LAUNCH_GROUPS = ("launch", "hardware", "resources", "machines", "deepspeed", "fsdp", "megatron")
 
 
-def extra_settings() -> list[Setting]:
+def feature_settings() -> list[Setting]:
     """The settings carried out here: config file settings with a flag, outside the launcher's own groups,
     not refused (a new setting of the schema is one of them)."""
     return [s for s in current() if s.group not in _LAUNCH_GROUPS and s.flag_name and s.yaml_key and not s.refused]
@@ -48,7 +49,7 @@ def apply_flags(args: argparse.Namespace, config: dict[str, Any], mixed_precisio
     out: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {}
     use_parallelism = bool(getattr(args, "use_parallelism_config", None)) or bool(config.get(_P))
-    for flag in extra_settings():
+    for flag in feature_settings():
         raw = getattr(args, flag.name, None)
         section, key = flag.place
         if raw is None:

@@ -250,7 +250,7 @@ class Device(Kind):
     metavar = "DEVICE"
 
     def check(self, label: str, value: Any) -> Checked:
-        import torch
+        import torch  # lazy: the schema is read before torch loads (argument checks)
 
         try:
             return str(torch.device(str(value).strip())), None
