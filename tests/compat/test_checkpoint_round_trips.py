@@ -8,24 +8,27 @@ back equal. overdrive's own load of its folder is checked the same way.
 Accelerate 1.16.0 turns FSDP on for accelerators only and, with DeepSpeed on the CPU, counts one process
 (each rank writes ``random_states_0.pkl``): its FSDP2 run here sets its state's distributed type to FSDP
 after construction, and its DeepSpeed runs use one process.
+
+Every run is a new process group forked from the tests' fork server (tests/support/distributed.py: torch is
+imported there once; Accelerate, overdrive and DeepSpeed are imported fresh in each rank), with the variables
+torchrun gives a rank (none on an unlaunched one-process run) and no ``ACCELERATE_*`` variable.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
+import runpy
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.support.distributed import run_distributed
+
 pytestmark = [pytest.mark.requires("accelerate")]
-ROOT = Path(__file__).resolve().parents[2]
-SRC = str(ROOT / "src")
-NO_SHM_OP = str(ROOT / "tests" / "support" / "no_shm_op")
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                    "MASTER_PORT")
 
 SCRIPT = """
 import json, os, random, sys
@@ -87,28 +90,32 @@ row = {"rank": rank, "params": [full(p) for p in model.parameters()],
        "lr": scheduler.get_last_lr(), "last_epoch": getattr(scheduler, "scheduler", scheduler).last_epoch,
        "count": counter.count, "step": accelerator.step, "rand": torch.rand(3).tolist(), "py": random.random(),
        "np": float(np.random.rand())}
-with open(os.path.join(os.environ["RESULTS"], f"rank{rank}.json"), "w") as f:  # a file per rank: no interleaving
-    json.dump(row, f)
 """
+
+
+def _rank(script: str, folder: str, framework: str, mode: str, strategy: str, env: dict[str, str],
+          launched: bool) -> dict:
+    """One rank of SCRIPT: the test's environment (with the launch variables of tests/support/distributed.py
+    when ``launched``); its summary."""
+    launch = {key: os.environ[key] for key in LAUNCH_VARIABLES} if launched else {}
+    os.environ.clear()
+    os.environ.update(env, **launch)
+    sys.argv = [script, folder, framework, mode, strategy]
+    return runpy.run_path(script, run_name="__main__")["row"]
 
 
 def _run(folder: Path, processes: int, framework: str, mode: str, strategy: str, launcher: bool = False) -> list[dict]:
     """Each rank's summary after ``mode`` ("save" or "load") of ``folder`` under ``framework``, in rank order."""
-    results = Path(tempfile.mkdtemp(dir=folder.parent))
-    path = [NO_SHM_OP, SRC, *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1", "RESULTS": str(results),
-           "DS_LOG_LEVEL": "error"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_LOG_LEVEL": "error"}
     for key in [k for k in env if k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "ACCELERATE_"))]:
         env.pop(key)
     script = folder.parent / "script.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    run = [] if processes == 1 and not launcher else ["-m", "torch.distributed.run", "--standalone",
-                                                      f"--nproc_per_node={processes}"]
-    proc = subprocess.run([sys.executable, *run, str(script), str(folder), framework, mode, strategy],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, f"{framework} {mode}: {proc.stderr[-4000:]}"
-    assert sorted(os.listdir(results)) == [f"rank{rank}.json" for rank in range(processes)], proc.stdout[-3000:]
-    return [json.loads((results / f"rank{rank}.json").read_text()) for rank in range(processes)]
+    try:
+        return run_distributed(_rank, processes, str(script), str(folder), framework, mode, strategy, env,
+                               processes > 1 or launcher, timeout=300)
+    except (AssertionError, TimeoutError) as error:
+        raise AssertionError(f"{framework} {mode} ({strategy}, {processes} processes): {error}") from error
 
 
 def _both_ways(tmp_path: Path, processes: int, strategy: str, launcher: bool = False) -> set[str]:
