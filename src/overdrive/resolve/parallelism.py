@@ -25,12 +25,6 @@ from overdrive.resolve.plan import (
 )
 from overdrive.resolve.process import ProcessPlan
 from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
-from overdrive.transforms.pipeline.schedule import (
-    default_stages_per_rank,
-    schedule_name,
-    stage_style,
-    stage_to_rank,
-)
 
 if TYPE_CHECKING:
     from overdrive.config import TorchTensorParallelPlugin
@@ -156,6 +150,14 @@ def strategy_settings(parallel: Parallelism, ddp: DistributedDataParallelKwargs 
                                          "fsdp2": FSDP2Settings(fsdp=fsdp)}
     if parallel.pipeline is None:
         return by_name[parallel.strategy]
+    # lazy: the schedule module (its dataclasses) loads for a pipeline only, not at every start
+    from overdrive.transforms.pipeline.schedule import (
+        default_stages_per_rank,
+        schedule_name,
+        stage_style,
+        stage_to_rank,
+    )
+
     config, pp = parallel.pipeline, parallel.dims.pp
     name = schedule_name(config.schedule) or config.schedule
     per_rank = config.stages_per_rank or default_stages_per_rank(name)

@@ -27,7 +27,6 @@ from overdrive.config.choices import invalid_choice
 from overdrive.helpers.imports import is_torchdata_stateful_dataloader_available
 from overdrive.launchers.protocol import launch_config
 from overdrive.precision import PrecisionPolicy, precision_policy
-from overdrive.resolve.fault_tolerance import resolve_fault_tolerance
 from overdrive.resolve.megatron import check_plugin
 from overdrive.resolve.parallelism import (
     Parallelism,
@@ -141,6 +140,10 @@ def _resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, par
     """torchft's replica groups when the launch config names a lighthouse (``--ft_lighthouse``), else None."""
     if not launched.get("ft_lighthouse"):
         return None
+    # lazy: it loads the launch-settings validators (config/setting_kinds), which a start without a lighthouse
+    # does not need (docs/benchmarks.md, "What cut the first step")
+    from overdrive.resolve.fault_tolerance import resolve_fault_tolerance
+
     strategy = "deepspeed" if deepspeed else parallel.strategy if parallel.pipeline is None else "pipeline"
     return resolve_fault_tolerance(launched, process, strategy, handlers.get("ddp"), errors)
 
