@@ -24,34 +24,33 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[str, ...]] = [
     # 0 the version and the lazy-export helper every package's __init__ uses
     ("overdrive._version", "overdrive._lazy"),
-    # 1 Accelerate's public configuration values: plugins, kwargs handlers, enums
-    ("overdrive.config",),
-    # 2 where code runs: rank and world size (runtime/group.py, the one source), device, process group, mesh
-    ("overdrive.runtime",),
-    # 3 helpers over torch and the runtime: collectives over nested structures, logging, seeds, memory, the
+    # 1 siblings: Accelerate's public configuration values (plugins, kwargs handlers, enums); where code runs
+    #   (rank and world size: runtime/group.py, the one source; device, process group, mesh)
+    ("overdrive.config", "overdrive.runtime"),
+    # 2 helpers over torch and the runtime: collectives over nested structures, logging, seeds, memory, the
     #   environment and availability helpers
     ("overdrive.helpers",),
-    # 4 siblings: the launchers (and the launch-settings schema), the precision policy, the trackers
+    # 3 siblings: the launchers (and the launch-settings schema), the precision policy, the trackers
     ("overdrive.launchers", "overdrive.precision", "overdrive.tracking"),
-    # 5 the model transforms (FSDP2's mixed precision and fp8 come from precision/)
+    # 4 the model transforms (FSDP2's mixed precision and fp8 come from precision/)
     ("overdrive.transforms",),
-    # 6 the resolver: arguments + launch config + environment -> frozen plans
+    # 5 the resolver: arguments + launch config + environment -> frozen plans
     ("overdrive.resolve",),
-    # 7 the objects one training loop runs through: process and gradient state, the accumulation window, the
+    # 6 the objects one training loop runs through: process and gradient state, the accumulation window, the
     #   prepared-objects registry, the optimizer and scheduler wrappers
     ("overdrive.training",),
-    # 8 siblings: prepared data loaders, the strategies, big-model inference
+    # 7 siblings: prepared data loaders, the strategies, big-model inference
     ("overdrive.data", "overdrive.strategies", "overdrive.big_model"),
-    # 9 checkpoints (consolidated export reads big_model's offloaded weights)
+    # 8 checkpoints (consolidated export reads big_model's offloaded weights)
     ("overdrive.checkpoint",),
-    # 10 the facade
+    # 9 the facade
     ("overdrive.accelerator",),
-    # 11 the command line
+    # 10 the command line
     ("overdrive.cli",),
-    # 12 compat: the alias, the one table of Accelerate's paths (served by compat/paths.py: no thin files),
+    # 11 compat: the alias, the one table of Accelerate's paths (served by compat/paths.py: no thin files),
     #    Accelerate-only helpers and refusals
     ("overdrive.compat",),
-    # 13 the public surface: the lazy root package
+    # 12 the public surface: the lazy root package
     ("overdrive",),
 ]
 

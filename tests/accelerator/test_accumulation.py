@@ -91,29 +91,24 @@ def test_window_reads_the_loader_length_once_per_epoch_and_again_for_a_new_epoch
 
 
 @pytest.mark.parametrize("steps_before", [1, 2])
-def test_accumulate_with_windows_of_one_advances_the_window_as_begin_does(steps_before: int):
-    """``accumulate`` takes a shortcut for windows of one micro-batch; it must leave the window exactly as
-    ``AccumulationWindow.begin`` leaves it, through two epochs of a prepared loader (the last batch of each
-    included) and after the length changed to 1 in the middle of a window."""
+def test_accumulate_with_windows_of_one_syncs_every_batch_and_counts_as_accelerate(steps_before: int):
+    """Windows of one micro-batch, through two epochs of a prepared loader (the last batch of each included)
+    and after the length changed to 1 in the middle of a window: every batch synchronises, and the step count
+    goes back to 0 on a loader's last batch, as Accelerate's does."""
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=steps_before)
     data = TensorDataset(torch.arange(10.0).unsqueeze(1))
     model, loader = accelerator.prepare(nn.Linear(1, 1), DataLoader(data, batch_size=4))
-    reference = AccumulationWindow(num_steps=steps_before)
     with accelerator.accumulate(model):
         pass
-    reference.begin()
     accelerator.gradient_accumulation_steps = 1
-    reference.set_num_steps(1)
     steps = []
     for _epoch in range(2):
         for _batch in loader:
             with accelerator.accumulate(model):
                 assert accelerator.sync_gradients
-            reference.begin(loader, end_of_data=accelerator.gradient_state.end_of_dataloader)
-            assert accelerator.window.state_dict() == reference.state_dict()
-            assert accelerator.sync_gradients is reference.sync is True
+            assert accelerator.window.position == 0
             steps.append(accelerator.step)
-    assert steps == [2, 3, 0, 1, 2, 0]  # (Accelerate's count: back to 0 on a loader's last batch)
+    assert steps == [2, 3, 0, 1, 2, 0]
 
 
 def test_gradient_state_reads_the_accelerators_window():

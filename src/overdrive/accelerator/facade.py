@@ -373,12 +373,6 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
                                  f"{type(model).__name__}; pass the object that accelerator.prepare() gave back")
         window = self.window
         progress = GradientState._progress
-        if window.num_steps == 1 == window.size:
-            # A window of one micro-batch, the common case: exactly what window.begin() does then, without
-            # its call (the hot path of every loop; tests/accelerator/test_accumulation.py checks that the two agree).
-            ends_data = progress.end_of_dataloader and window.sync_with_dataloader
-            window.position, window.step, window.sync = 0, 0 if ends_data else window.step + 1, True
-            return NO_CONTEXT
         if window.begin(progress.active_dataloader, progress.end_of_dataloader) or window.sync_each_batch:
             return NO_CONTEXT  # nothing to enter
         if self._no_sync_does_nothing:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from overdrive.runtime import group as process_group
+from overdrive.runtime.torch_private import tree_flatten, tree_map
 
 __all__ = ["prepare_pippy", "PippyOutput", "find_pippy_batch_size", "generate_device_map"]
 
@@ -89,8 +90,6 @@ def generate_device_map(model: nn.Module, num_processes: int = 1, no_split_modul
 
 
 def _batch_of(tree: Any) -> int | None:
-    from torch.utils._pytree import tree_flatten
-
     for leaf in tree_flatten(tree)[0]:
         if isinstance(leaf, torch.Tensor) and leaf.ndim:
             return leaf.shape[0]
@@ -99,8 +98,6 @@ def _batch_of(tree: Any) -> int | None:
 
 def _pad_batch(args: tuple, kwargs: dict, num_chunks: int) -> tuple[tuple, dict, int]:
     """Repeat the last sample until the batch splits into ``num_chunks`` equal micro-batches."""
-    from torch.utils._pytree import tree_map
-
     batch = _batch_of((args, kwargs))
     if batch is None:
         raise ValueError("prepare_pippy's model needs a tensor input with a batch dimension to split into chunks")

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -39,6 +38,7 @@ from overdrive.checkpoint.accelerate_layout import is_sharded, saved_as_file
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import run_dcp
 from overdrive.checkpoint.storage import SafeFileSystemReader
+from overdrive.runtime.torch_private import set_state_dict_element
 
 _MARKERS = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|optimizer(_\d+)?\.bin|"
                       r"random_states_\d+\.pkl|pytorch_model(_fsdp)?(_\d+)?)$")
@@ -309,7 +309,7 @@ class _NestedSafeLoadPlanner(DefaultLoadPlanner):
             raise CheckpointError(f"the value {key!r} is not made of plain numbers, strings, containers and tensors, "
                                   f"so it was not unpickled ({exc}); pass allow_pickle=True if you trust the "
                                   "checkpoint") from None
-        set_element(self.original_state_dict, self.mappings[key], loaded)
+        set_state_dict_element(self.original_state_dict, self.mappings[key], loaded)
 
 
 def _load_sharded(folder: Path, index: int, model: Any, optimizer: Any, allow_pickle: bool, strict: bool,

@@ -27,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
+from overdrive.runtime.torch_private import staged_cpu_copy
 
 _pending: PendingSave | None = None
 _process_group: Any = None
@@ -155,12 +156,7 @@ def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def _create_and_copy(value: Any) -> Any:
-    from torch.distributed.checkpoint.staging import _copy_state_dict, _create_cpu_state_dict
-
-    box = {"v": value}
-    staged = _create_cpu_state_dict(box)
-    _copy_state_dict(box, staged)
-    return staged["v"]
+    return staged_cpu_copy(value)
 
 
 _stager: _ReusedBuffers | None = None

@@ -18,8 +18,9 @@ import zipfile
 from typing import Any
 
 import torch
-from torch import _weights_only_unpickler
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
+
+from overdrive.runtime.torch_private import weights_only_unpickler
 
 
 class _Slice(io.RawIOBase):
@@ -103,8 +104,7 @@ def _saved_tensor(archive: _Slice) -> tuple[Any, int] | None:
             untyped = torch.UntypedStorage(numel * dtype.itemsize, device="meta")
             return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
-        unpickler = _weights_only_unpickler.Unpickler(
-            io.BytesIO(_record(archive, members.getinfo(f"{prefix}/data.pkl"))), encoding="utf-8")
+        unpickler = weights_only_unpickler(io.BytesIO(_record(archive, members.getinfo(f"{prefix}/data.pkl"))))
         unpickler.persistent_load = storage
         saved = unpickler.load()
         if len(keys) != 1:

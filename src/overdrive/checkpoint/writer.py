@@ -13,18 +13,19 @@ in the CPU's cache. The manifest records that CRC; ``load_state`` checks whole f
 from __future__ import annotations
 
 import os
-import pickle
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
+
+from overdrive.runtime.torch_private import save_without_crc as save_tensor
+from overdrive.runtime.torch_private import storage_info
 
 #: Bytes checksummed and then written at a time: small enough to stay in the CPU's cache in between.
 PIECE = 1 << 20
@@ -50,23 +51,6 @@ class _ChecksummedFile:
 
     def flush(self) -> None:
         self.file.flush()
-
-
-def save_tensor(tensor: torch.Tensor, stream: Any) -> None:
-    """``torch.save(tensor, stream)`` without the zip records' CRC-32 (the whole file's is in the manifest)."""
-    # torch.save's own zip writer and pickler (private names, reached through Any), with the CRC switched
-    # off for this archive only: torch.serialization.set_crc32_options would change every thread's saves.
-    serialization: Any = torch.serialization
-    writer_class: Any = getattr(torch._C, "PyTorchFileWriter", None)
-    try:
-        archive = writer_class(stream, False, serialization._get_storage_alignment())
-    except (AttributeError, TypeError):  # a torch without the switch: the archive keeps its CRCs
-        torch.save(tensor, stream)
-        return
-    try:
-        serialization._save(tensor, archive, pickle, serialization.DEFAULT_PROTOCOL, False)
-    finally:  # as torch.save does: an unfinished archive would write its end from its destructor, and abort
-        archive.write_end_of_file()
 
 
 def _buckets(count: int, items: list[WriteItem]) -> list[list[WriteItem]]:
@@ -128,7 +112,7 @@ class ChecksummingWriter(FileSystemWriter):
                         tensor = tensor.clone()
                     save_tensor(tensor, out)
                 results.append(WriteResult(index=item.index, size_in_bytes=out.size - offset,
-                                           storage_data=_StorageInfo(name, offset, out.size - offset)))
+                                           storage_data=storage_info(name, offset, out.size - offset)))
             file.flush()
             os.fsync(file.fileno())
         self.checksums[name] = {"size": out.size, "crc32": f"{out.crc & 0xFFFFFFFF:08x}"}

@@ -20,6 +20,7 @@ from torch import nn
 
 from overdrive.compat.constants import STR_OPERATION_TO_FUNC
 from overdrive.config.choices import invalid_choice
+from overdrive.runtime.torch_private import compiled_wrapper_inner
 
 
 def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:
@@ -38,7 +39,7 @@ def is_torch_version(operation: str, version: str) -> bool:
 
 def is_compiled_module(module: Any) -> bool:
     """Whether ``module`` is the wrapper ``torch.compile`` returns."""
-    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule) if hasattr(torch, "_dynamo") else False
+    return compiled_wrapper_inner(module) is not None
 
 
 def has_compiled_regions(module: nn.Module) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -130,8 +131,7 @@ class FullyShardedDataParallelPlugin:
         in ``transformer_cls_names_to_wrap`` (default: the model's ``_no_split_modules``),
         ``"size_based_wrap"`` modules of ``min_num_params`` or more; ``"no_wrap"`` wraps nothing. overdrive's
         own ``prepare`` takes either form."""
-        import functools
-
+        # lazy: config/ loads no torch, so `import overdrive` does not
         from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
         if self.auto_wrap_policy == "transformer_based_wrap":
@@ -153,8 +153,8 @@ class FullyShardedDataParallelPlugin:
         """Set ``mixed_precision_policy`` to FSDP2's ``MixedPrecisionPolicy`` for a dtype or its name ("bf16",
         "fp16", "fp32", "fp8" = bf16), unless a policy is set already (``override=True`` replaces it).
         ``buffer_autocast`` is FSDP1's buffer setting, accepted (FSDP2 keeps buffers as they are)."""
-        import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+        import torch  # lazy: config/ loads no torch, so `import overdrive` does not
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # lazy: as torch above
 
         names = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
         dtype = names.get(mixed_precision) if isinstance(mixed_precision, str) else mixed_precision

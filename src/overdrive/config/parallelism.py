@@ -238,7 +238,7 @@ class ParallelismConfig:
         if any(size < 1 for size in shape):
             raise ValueError(f"build_device_mesh needs every size: got {dict(zip(names, shape))}; replace -1 by the "
                              "size it stands for")
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # lazy: config/ loads no torch
 
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         for joint, axes in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),

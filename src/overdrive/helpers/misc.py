@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import sys
 import types
 from collections.abc import Iterator
 from typing import Any, cast
@@ -14,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from overdrive.runtime import group
+from overdrive.runtime.torch_private import compiled_wrapper_inner
 
 
 def is_package_available(name: str) -> bool:
@@ -53,10 +53,7 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
 
 def _compiled_inner(model: object) -> nn.Module | None:
     """The module inside a ``torch.compile`` wrapper; None when ``model`` is not one."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # nothing was compiled unless dynamo is loaded
-    if eval_frame is None or not isinstance(model, eval_frame.OptimizedModule):
-        return None
-    return cast(nn.Module, cast(Any, model)._orig_mod)
+    return compiled_wrapper_inner(model)
 
 
 def _recompiled(compiled: nn.Module, inner: nn.Module) -> nn.Module:

@@ -16,6 +16,7 @@ from torch.utils.hooks import RemovableHandle
 from overdrive.config import AutocastKwargs, GradScalerKwargs
 from overdrive.helpers.ops import convert_to_fp32
 from overdrive.precision.policy import PrecisionPolicy
+from overdrive.runtime.torch_private import autocast_hooks
 
 
 class AmpPrecision:
@@ -44,58 +45,13 @@ class AmpPrecision:
 
     def attach(self, model: nn.Module) -> list[RemovableHandle]:
         """Run ``model``'s forward under autocast and return its floating outputs in fp32."""
-        if not self.policy.enabled or not self.autocast_kwargs.enabled:
+        dtype = self.policy.compute_dtype
+        if dtype is None or not self.autocast_kwargs.enabled:
             return []
-        stack: list[Any] = []  # None: a forward without autocast; else what its exit restores
-        # Decided once: these hooks run on every forward.
-        kwargs: dict[str, Any] = {"device_type": self.device.type, "dtype": self.policy.compute_dtype}
-        if self.autocast_kwargs.cache_enabled is not None:
-            kwargs["cache_enabled"] = self.autocast_kwargs.cache_enabled
-        traced_args = (kwargs["device_type"], kwargs["dtype"], True, kwargs.get("cache_enabled"))
-        region = torch.autocast(**kwargs)  # torch settles the region's settings (support checks, warnings)
-        device, dtype, enabled, cache = region.device, region.fast_dtype, region._enabled, region._cache_enabled
-        low = (torch.float16, torch.bfloat16)
-
-        def enter(module: nn.Module, args: Any) -> None:
-            if not self.active:  # native_amp = False: this forward runs in full precision
-                stack.append(None)
-            elif module._compiled_call_impl is not None:
-                # compiled in place: dynamo traces these hooks, and it follows autocast entered and left in
-                # two functions only in this form (an autocast object entered here fails at __exit__)
-                stack.append(torch.amp._enter_autocast(*traced_args))
-            elif torch._C._is_torch_function_mode_enabled():  # export's mode sees autocast as an object only
-                opened = torch.autocast(**kwargs)
-                opened.__enter__()
-                stack.append(opened)
-            else:
-                # torch.autocast.__enter__'s own steps, as C calls: no Python frame on every forward
-                stack.append((torch.is_autocast_cache_enabled(), torch.is_autocast_enabled(device),
-                              torch.get_autocast_dtype(device)))
-                torch.set_autocast_enabled(device, enabled)
-                torch.set_autocast_dtype(device, dtype)
-                torch.autocast_increment_nesting()
-                torch.set_autocast_cache_enabled(cache)
-
-        def leave(module: nn.Module, args: Any, output: Any) -> Any:
-            opened = stack.pop()
-            if opened is None:
-                return output
-            if type(opened) is tuple:  # torch.autocast.__exit__'s steps
-                if torch.autocast_decrement_nesting() == 0:
-                    torch.clear_autocast_cache()
-                torch.set_autocast_enabled(device, opened[1])
-                torch.set_autocast_dtype(device, opened[2])
-                torch.set_autocast_cache_enabled(opened[0])
-            elif module._compiled_call_impl is not None:
-                torch.amp._exit_autocast(opened)
-            else:
-                opened.__exit__(None, None, None)
-            if type(output) is torch.Tensor:  # the common case, without walking a structure
-                return output.float() if output.dtype in low else output
-            return convert_to_fp32(output)
-
-        return [model.register_forward_pre_hook(enter),
-                model.register_forward_hook(leave, always_call=True)]
+        # the hooks read ``self.active`` (Accelerate's settable ``native_amp``) at every forward
+        enter, leave = autocast_hooks(self.device.type, dtype, self.autocast_kwargs.cache_enabled, self,
+                                      convert_to_fp32)
+        return [model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True)]
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, through the gradient scaler under fp16."""

@@ -157,7 +157,7 @@ def _fill_ao_defaults(recipe: AORecipeKwargs, shards_parameters: bool, errors: l
 # -- converting a model -----------------------------------------------------------------------------------
 def float8_linear_config(recipe: AORecipeKwargs) -> Any:
     """The ``torchao.float8.Float8LinearConfig`` of ``recipe``."""
-    from torchao.float8 import Float8LinearConfig
+    from torchao.float8 import Float8LinearConfig  # lazy: optional dependency
 
     config = recipe.config
     if config is None or isinstance(config, str):
@@ -201,7 +201,7 @@ def apply_fp8(model: nn.Module, recipe: Fp8Recipe) -> dict[int, tuple[weakref.re
     if isinstance(recipe, TERecipeKwargs):
         _apply_te(model, recipe)
         return {}
-    from torchao.float8 import convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training  # lazy: optional dependency
 
     before = {name: p for name, p in model.named_parameters()}
     module_filter = recipe.module_filter_func or default_module_filter(model)
@@ -228,7 +228,7 @@ def uses_fp8_all_gather(model: nn.Module) -> bool:
     """Whether ``model`` holds torchao weights that FSDP2 all-gathers in float8."""
     if not any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return False
-    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor  # lazy: optional dependency
 
     return any(isinstance(getattr(p, "_local_tensor", None), WeightWithDynamicFloat8CastTensor)
                for p in model.parameters())
@@ -241,7 +241,7 @@ def precompute_scales_after_step(optimizer: torch.optim.Optimizer, models: list[
     chosen = [m for m in models if uses_fp8_all_gather(m)]
     if not chosen:
         return None
-    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp  # lazy: optional dependency
 
     def precompute(*_: Any) -> None:
         for model in chosen:
@@ -252,7 +252,7 @@ def precompute_scales_after_step(optimizer: torch.optim.Optimizer, models: list[
 
 # -- Transformer Engine ----------------------------------------------------------------------------------
 def _apply_te(model: nn.Module, recipe: TERecipeKwargs) -> None:
-    import transformer_engine.pytorch as te  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
+    import transformer_engine.pytorch as te  # pyright: ignore[reportMissingImports]  # lazy: optional, not in the test extra
 
     _swap_te_modules(model, te)
     fp8_recipe = _te_recipe(recipe)
@@ -271,7 +271,7 @@ def _apply_te(model: nn.Module, recipe: TERecipeKwargs) -> None:
 
 
 def _te_recipe(recipe: TERecipeKwargs) -> Any:
-    from transformer_engine.common import recipe as te_recipe  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
+    from transformer_engine.common import recipe as te_recipe  # pyright: ignore[reportMissingImports]  # lazy: optional, not in the test extra
 
     given = recipe.to_kwargs()  # only what differs from the defaults: TE versions differ in what they take
     given.pop("use_autocast_during_eval", None)

@@ -3,9 +3,10 @@ scaling is needed. Strategies read this value; nothing else branches on the name
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from overdrive.config._frozen import FrozenValue
 from overdrive.config.choices import MIXED_PRECISION, invalid_choice
 
 # fp8: torchao / Transformer Engine run the linear layers in float8 (precision/fp8.py); the rest runs in bf16,
@@ -13,21 +14,17 @@ from overdrive.config.choices import MIXED_PRECISION, invalid_choice
 _DTYPES = {"no": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
-class PrecisionPolicy(FrozenValue):
-    name: str
+@dataclass(frozen=True, slots=True)
+class PrecisionPolicy:
+    name: str = "no"
     #: dtype that autocast computes in (None: full precision).
-    compute_dtype: torch.dtype | None
+    compute_dtype: torch.dtype | None = None
     #: dtype of the master weights and optimizer state: always fp32 for mixed precision.
-    param_dtype: torch.dtype
+    param_dtype: torch.dtype = torch.float32
     #: dtype gradients are reduced in across processes.
-    reduce_dtype: torch.dtype
+    reduce_dtype: torch.dtype = torch.float32
     #: fp16's narrow range needs a dynamic loss scale.
-    loss_scaling: bool
-
-    def __init__(self, name: str = "no", compute_dtype: torch.dtype | None = None,
-                 param_dtype: torch.dtype = torch.float32, reduce_dtype: torch.dtype = torch.float32,
-                 loss_scaling: bool = False) -> None:
-        self._init(locals())
+    loss_scaling: bool = False
 
     @property
     def enabled(self) -> bool:

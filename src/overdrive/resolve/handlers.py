@@ -8,7 +8,7 @@ from typing import Any
 def _handler_slots() -> dict[type, str]:
     """Each kwargs handler class -> its slot (imported when handlers are given: without them, the fp8 and
     compile settings modules stay unloaded)."""
-    from overdrive.config import (
+    from overdrive.config import (  # lazy: these names load config's fp8 and compile modules
         ActivationCheckpointingKwargs,
         AORecipeKwargs,
         AutocastKwargs,

@@ -6,10 +6,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from overdrive.config import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin, ParallelismConfig
-from overdrive.config._frozen import FrozenValue
+from overdrive.config import (
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+    ParallelismConfig,
+    PipelineConfig,
+    field_names,
+)
 from overdrive.resolve.plan import (
     DDPSettings,
     FSDP2Settings,
@@ -21,11 +27,12 @@ from overdrive.resolve.process import ProcessPlan
 from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
 
 if TYPE_CHECKING:
-    from overdrive.config import PipelineConfig, TorchTensorParallelPlugin
+    from overdrive.config import TorchTensorParallelPlugin
     from overdrive.resolve.plan import StrategySettings
 
 
-class Parallelism(FrozenValue):
+@dataclass(frozen=True, slots=True)
+class Parallelism:
     """What the parallelism step decided: the strategy, the mesh sizes, the plugins behind them, the pipeline
     settings (with pp > 1) and the strategy that wraps each pipeline stage."""
 
@@ -35,13 +42,8 @@ class Parallelism(FrozenValue):
     fsdp: FullyShardedDataParallelPlugin | None
     tp: TorchTensorParallelPlugin | None
     cp_comm_strategy: str
-    pipeline: PipelineConfig | None
-    stage_strategy: str | None
-
-    def __init__(self, strategy: str, dims: ParallelDims, uses_mesh: bool, fsdp: FullyShardedDataParallelPlugin | None,
-                 tp: TorchTensorParallelPlugin | None, cp_comm_strategy: str, pipeline: PipelineConfig | None = None,
-                 stage_strategy: str | None = None) -> None:
-        self._init(locals())
+    pipeline: PipelineConfig | None = None
+    stage_strategy: str | None = None
 
 
 def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParallelPlugin | None,
@@ -66,6 +68,7 @@ def resolve_parallelism(process: ProcessPlan, fsdp_plugin: FullyShardedDataParal
     dims = ParallelDims() if problems else ParallelDims(**fill_sizes(sizes, info.world_size))
     cp_comm = "allgather"  # context parallelism's default; only a ParallelismConfig can ask for it
     if parallelism_config is not None:
+        # lazy: loaded for a parallelism config only: a plain start does not load the transforms it names
         from overdrive.transforms.context_parallel import comm_strategy_of, context_parallel_problem
 
         errors.extend(_unsupported_backends(parallelism_config))
@@ -113,8 +116,6 @@ def _unsupported_backends(config: ParallelismConfig) -> list[str]:
 def _pipeline_config(parallelism_config: ParallelismConfig | None, fsdp_plugin: FullyShardedDataParallelPlugin | None,
                      pp_size: int, errors: list[str]) -> PipelineConfig:
     """The pipeline settings of ``pp_size > 1``; their problems are appended to ``errors``."""
-    from overdrive.config import PipelineConfig, field_names
-
     given = parallelism_config.pp_handler if parallelism_config is not None else None
     try:
         config = PipelineConfig(**given) if isinstance(given, dict) else given or PipelineConfig()
@@ -149,6 +150,7 @@ def strategy_settings(parallel: Parallelism, ddp: DistributedDataParallelKwargs 
                                          "fsdp2": FSDP2Settings(fsdp=fsdp)}
     if parallel.pipeline is None:
         return by_name[parallel.strategy]
+    # lazy: the schedule module (its dataclasses) loads for a pipeline only, not at every start
     from overdrive.transforms.pipeline.schedule import (
         default_stages_per_rank,
         schedule_name,

@@ -4,32 +4,29 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 
 from overdrive.config import DistributedType, InitProcessGroupKwargs
-from overdrive.config._frozen import FrozenValue
 from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config
 from overdrive.runtime.cluster import ProcessInfo, detect_process_info
 from overdrive.runtime.device import backend_for, select_device
 from overdrive.runtime.group import is_initialized
 
 
-class ProcessPlan(FrozenValue):
+@dataclass(frozen=True, slots=True)
+class ProcessPlan:
     """Where this process runs: its place in the job, its device and the process-group backend."""
 
     info: ProcessInfo
     device: torch.device
     backend: str | None
-    timeout: timedelta | None
-    debug: bool
+    timeout: timedelta | None = None
+    debug: bool = False
     #: end the job with every rank's stack when no rank issued a collective for this long (None: off)
-    stall_timeout: float | None
-
-    def __init__(self, info: ProcessInfo, device: torch.device, backend: str | None, timeout: timedelta | None = None,
-                 debug: bool = False, stall_timeout: float | None = None) -> None:
-        self._init(locals())
+    stall_timeout: float | None = None
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -50,6 +47,7 @@ class ProcessPlan(FrozenValue):
         if self.device.type != "cpu" and self.device.index is not None:
             torch.accelerator.set_device_index(self.device.index)
         if self.info.is_distributed:  # one process joins no group (and loads no process-group module)
+            # lazy: a one-process run never loads the process group and its watchdog
             from overdrive.runtime.process_group import ensure_process_group
 
             ensure_process_group(self.info, self.device, self.backend, self.timeout, self.stall_timeout)

@@ -25,8 +25,10 @@ from overdrive.config import (
     TorchTensorParallelPlugin,
 )
 from overdrive.config.choices import invalid_choice
+from overdrive.helpers.imports import is_torchdata_stateful_dataloader_available
 from overdrive.launchers.protocol import launch_config
 from overdrive.precision import PrecisionPolicy, precision_policy
+from overdrive.resolve.megatron import check_plugin
 from overdrive.resolve.parallelism import (
     Parallelism,
     launched_parallelism,
@@ -154,6 +156,8 @@ def _resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, par
     """torchft's replica groups when the launch config names a lighthouse (``--ft_lighthouse``), else None."""
     if not launched.get("ft_lighthouse"):
         return None
+    # lazy: it loads the launch-settings validators (config/setting_kinds), which a start without a lighthouse
+    # does not need (docs/benchmarks.md, "What cut the first step")
     from overdrive.resolve.fault_tolerance import resolve_fault_tolerance
 
     strategy = "deepspeed" if deepspeed else parallel.strategy if parallel.pipeline is None else "pipeline"
@@ -163,8 +167,6 @@ def _resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, par
 def _check_megatron(plugin: Any, process: ProcessPlan, errors: list[str]) -> None:
     """The Megatron-LM plugin's sizes against the world size (nothing without the plugin)."""
     if plugin is not None:
-        from overdrive.resolve.megatron import check_plugin
-
         check_plugin(plugin, process.info.world_size, errors)
 
 
@@ -188,7 +190,7 @@ def _resolve_fp8(precision: PrecisionPolicy | None, handlers: dict[str, Any], la
     """The fp8 recipe (defaults filled in) with mixed_precision="fp8" or an fp8 kwargs handler, else None."""
     if precision is None or (precision.name != "fp8" and handlers.get("fp8") is None):
         return None
-    from overdrive.precision.fp8 import resolve_fp8  # only then: a one-process start imports no more
+    from overdrive.precision.fp8 import resolve_fp8  # lazy: fp8's module (and its config) for fp8 runs only
 
     return resolve_fp8(handlers.get("fp8"), launched.get("fp8_config"), precision.name, process.device,
                        "deepspeed" if deepspeed else parallel.strategy, parallel.dims.shards_parameters, errors,
@@ -236,7 +238,10 @@ def _resolve_log_with(log_with: Any, logging_dir: str | None, errors: list[str])
         return ()
     named = tuple(log_with) if isinstance(log_with, (list, tuple)) else (log_with,)
     if log_with:
-        from overdrive.tracking.base import check_log_with, trackers_needing_a_directory
+        from overdrive.tracking.base import (  # lazy: trackers only
+            check_log_with,
+            trackers_needing_a_directory,
+        )
 
         problems = check_log_with(list(named))
         errors.extend(problems)
@@ -253,8 +258,6 @@ def _check_dataloader(config: DataLoaderConfiguration | None, errors: list[str])
         return
     if config.exact_resume:
         errors.append(_BOTH_RESUMES)
-    from overdrive.helpers.imports import is_torchdata_stateful_dataloader_available
-
     if not is_torchdata_stateful_dataloader_available():
         errors.append("DataLoaderConfiguration(use_stateful_dataloader=True) needs torchdata's StatefulDataLoader: "
                       "pip install 'torchdata>=0.8'; or leave it off: overdrive's prepared loaders save and "

@@ -9,31 +9,26 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from overdrive.config._frozen import FrozenValue
 
-
-class ProcessInfo(FrozenValue):
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
     """This process's place in the job. ``run_id``: the launcher's id of the job (torchrun's
     TORCHELASTIC_RUN_ID), "" when unknown; ``agent_store``: torchrun's agent already hosts the TCPStore at
     MASTER_ADDR:MASTER_PORT (otherwise rank 0 hosts it)."""
 
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    restart_count: int
-    run_id: str
-    agent_store: bool
-    source: str
-
-    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, local_world_size: int = 1,
-                 node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int = 29500, restart_count: int = 0,
-                 run_id: str = "", agent_store: bool = False, source: str = "single process") -> None:
-        self._init(locals())
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    restart_count: int = 0
+    run_id: str = ""
+    agent_store: bool = False
+    source: str = "single process"
 
     @property
     def is_distributed(self) -> bool:

@@ -10,9 +10,8 @@ for (``dp`` = replicate x shard, ``dp_shard_cp`` = what FSDP shards over, ``dp_c
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
-
-from overdrive.config._frozen import FrozenValue
 
 #: mesh axes, outermost first
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -23,17 +22,15 @@ FLATTENED = {"dp": ("dp_replicate", "dp_shard"), "dp_shard_cp": ("dp_shard", "cp
              "dp_cp_tp": ("dp_replicate", "dp_shard", "cp", "tp")}
 
 
-class ParallelDims(FrozenValue):
+@dataclass(frozen=True, slots=True)
+class ParallelDims:
     """The size of each mesh axis; their product is the number of processes."""
 
-    dp_replicate: int
-    dp_shard: int
-    cp: int
-    tp: int
-    pp: int
-
-    def __init__(self, dp_replicate: int = 1, dp_shard: int = 1, cp: int = 1, tp: int = 1, pp: int = 1) -> None:
-        self._init(locals())
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
 
     @classmethod
     def from_sizes(cls, sizes: dict[str, int], world_size: int) -> ParallelDims:

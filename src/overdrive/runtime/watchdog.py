@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
-import importlib
 import json
 import os
 import pickle
@@ -48,6 +47,7 @@ import torch.distributed as dist
 
 from overdrive.runtime import hang_report as reports
 from overdrive.runtime.hang_report import PEER_LOSS, REPORT_MARKER
+from overdrive.runtime.torch_private import flight_recorder_dump
 
 _ANSWER_WAIT_S = 5.0
 #: the longest a store call made while reporting a fault may take before the store counts as unreachable
@@ -121,12 +121,10 @@ def is_peer_loss(error: BaseException | None) -> bool:
 def _last_collective() -> dict[str, Any] | None:
     """The newest entry of torch's flight recorder on this rank: {"name", "seq"}; None when it is off."""
     try:
-        # private: present at run time since torch 2.5, in torch's stubs only since 2.15, so looked up by name
-        # (an import would need an ignore comment on one of the two and be flagged as unneeded on the other)
-        dump = getattr(importlib.import_module("torch._C._distributed_c10d"), "_dump_fr_trace", None)
+        dump = flight_recorder_dump()
         if dump is None:
             return None
-        entries = pickle.loads(dump()).get("entries") or []
+        entries = pickle.loads(dump).get("entries") or []
     except Exception:  # noqa: BLE001 - the recorder is optional (off, or another torch version)
         return None
     if not entries:

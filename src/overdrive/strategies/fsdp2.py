@@ -23,6 +23,7 @@ from torch import nn
 from overdrive.config import DistributedType
 from overdrive.resolve import FSDP2Settings
 from overdrive.runtime import group as process_group
+from overdrive.runtime.torch_private import REDISTRIBUTE_LOGGER
 from overdrive.strategies.base import StrategyBase, StrategyContext
 from overdrive.transforms.path import ModelPath, PathStep, refuse_meta, skip
 
@@ -213,7 +214,7 @@ def _quiet_redistribute() -> Iterator[None]:
     """Without DTensor's warning that a norm partial over a 2-D mesh takes two sequential all-reduces: each
     rank printed 400 characters of it on every clip, and the user cannot act on it (the reductions are
     exact: sums of powers, then the root)."""
-    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    log = logging.getLogger(REDISTRIBUTE_LOGGER)
     level = log.level
     log.setLevel(logging.ERROR)
     try:

@@ -82,8 +82,7 @@ class AccumulationWindow:
         """Start one micro-batch; return whether it ends the window (its gradients then synchronise).
 
         ``loader`` is the active prepared data loader (its ``batches_yielded`` shortens the last window
-        of the data) and ``end_of_data`` whether its current batch is its last. (``Accelerator.accumulate``
-        repeats this for windows of one micro-batch, to save a call: change both together.)"""
+        of the data) and ``end_of_data`` whether its current batch is its last."""
         if self.position == 0 and self.num_steps > 1:  # (a window of 1 is always 1: nothing to open)
             self._open(loader)
         self.position += 1

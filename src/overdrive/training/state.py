@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from overdrive.config import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+from overdrive.resolve.process import resolve_process
 from overdrive.training.accumulation import AccumulationWindow
 
 if TYPE_CHECKING:
@@ -71,9 +72,6 @@ class PartialState:
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = self._shared
         if "plan" not in self.__dict__:
-            # imported here: code that only reads the state (the data loaders) never loads the resolver
-            from overdrive.resolve.process import resolve_process
-
             init_kwargs = kwargs.pop("init_kwargs", None) or InitProcessGroupKwargs(**kwargs)
             self.plan: ProcessPlan = resolve_process(cpu=cpu, init_kwargs=init_kwargs)
             self.plan.start()

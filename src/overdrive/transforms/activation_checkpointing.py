@@ -6,6 +6,8 @@ from collections.abc import Iterable
 
 from torch import nn
 
+from overdrive.runtime.torch_private import checkpoint_module
+
 
 def apply_activation_checkpointing(blocks: Iterable[nn.Module]) -> int:
     """Checkpoint every module of ``blocks`` in place and return how many.
@@ -13,10 +15,8 @@ def apply_activation_checkpointing(blocks: Iterable[nn.Module]) -> int:
     Uses the composable ``checkpoint`` (non-reentrant): modules keep their names, so state-dict keys,
     optimizer mappings and checkpoints are the same with and without it.
     """
-    from torch.distributed._composable import checkpoint
-
     count = 0
     for block in blocks:
-        checkpoint(block)
+        checkpoint_module(block)
         count += 1
     return count

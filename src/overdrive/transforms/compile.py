@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from overdrive.runtime import torch_private
 from overdrive.transforms.settings import CompileSettings
 
 
@@ -51,9 +52,9 @@ def compiled_in_place(module: nn.Module) -> bool:
     """Whether ``module`` itself (not a module inside it) was compiled in place (by ``apply_compile`` or
     ``Module.compile``)."""
     return (hasattr(module.__dict__.get("forward"), "_torchdynamo_orig_callable")
-            or getattr(module, "_compiled_call_impl", None) is not None)
+            or torch_private.compiled_in_place(module))
 
 
 def is_compiled(module: nn.Module) -> bool:
     """Whether ``module`` (or a module inside it) was compiled in place or wrapped by ``torch.compile``."""
-    return any(compiled_in_place(m) or hasattr(m, "_orig_mod") for m in module.modules())
+    return any(compiled_in_place(m) or torch_private.compiled_wrapper_inner(m) is not None for m in module.modules())

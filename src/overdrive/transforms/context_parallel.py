@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from overdrive.config.choices import invalid_choice
+from overdrive.runtime.torch_private import set_context_parallel_rotate_method
 
 COMM_STRATEGIES = ("allgather", "alltoall")
 
@@ -56,14 +57,13 @@ def context_parallel_region(cp_mesh: Any, buffers: Iterable[torch.Tensor] | None
         yield
         return
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import set_rotate_method
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     buffers = list(buffers or [])
     dims = list(buffer_seq_dims) if buffer_seq_dims is not None else [1] * len(buffers)
     if len(dims) != len(buffers):
         raise ValueError(f"maybe_context_parallel got {len(buffers)} buffers but {len(dims)} buffer_seq_dims")
-    set_rotate_method(comm_strategy)
+    set_context_parallel_rotate_method(comm_strategy)
     # Ring attention exists for the flash, memory-efficient and cuDNN kernels, not for the math one.
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
     with sdpa_kernel(backends), context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=dims,

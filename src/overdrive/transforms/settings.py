@@ -3,33 +3,28 @@ code here, so both sides import this module and not each other)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from overdrive.config import FullyShardedDataParallelPlugin
-from overdrive.config._frozen import FrozenValue
 from overdrive.precision.policy import PrecisionPolicy
 
 if TYPE_CHECKING:
     from overdrive.config import AORecipeKwargs, TERecipeKwargs
 
 
-class CompileSettings(FrozenValue):
+@dataclass(frozen=True, slots=True)
+class CompileSettings:
     """``torch.compile`` options (from ``TorchDynamoPlugin`` or ``dynamo_backend``), resolved.
-    ``regional``: compile each repeated block (once per distinct block class) instead of the whole model.
-    (Written out rather than a frozen dataclass: built at every start-up, see overdrive.config._frozen.)"""
+    ``regional``: compile each repeated block (once per distinct block class) instead of the whole model."""
 
-    backend: str
-    mode: str | None
-    fullgraph: bool
-    dynamic: bool | None
-    options: dict[str, Any] | None
-    disable: bool
-    regional: bool
-
-    def __init__(self, backend: str = "inductor", mode: str | None = None, fullgraph: bool = False,
-                 dynamic: bool | None = None, options: dict[str, Any] | None = None, disable: bool = False,
-                 regional: bool = False) -> None:
-        self._init(locals())
+    backend: str = "inductor"
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: dict[str, Any] | None = None
+    disable: bool = False
+    regional: bool = False
 
     def to_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``torch.compile`` / ``Module.compile``."""
@@ -42,26 +37,18 @@ class CompileSettings(FrozenValue):
         return kwargs
 
 
-class ModelTransforms(FrozenValue):
+@dataclass(frozen=True, slots=True)
+class ModelTransforms:
     """What to do to every prepared model, independent of the model and of the strategy. ``block_names``: class
     names of the blocks to checkpoint and compile (default: FSDP's wrap names, else the repeated blocks);
     ``fp8``: the fp8 recipe: ``precision.fp8.apply_fp8`` converts the linear layers right after placement, so
     tensor parallel, compile and data parallel see float8 modules."""
 
-    tp_plan: dict[str, str] | None
-    sequence_parallel: bool
-    activation_checkpointing: bool
-    block_names: tuple[str, ...]
-    compile: CompileSettings | None
-    fsdp: FullyShardedDataParallelPlugin
-    precision: PrecisionPolicy
-    fp8: AORecipeKwargs | TERecipeKwargs | None
-
-    def __init__(self, tp_plan: dict[str, str] | None = None, sequence_parallel: bool = False,
-                 activation_checkpointing: bool = False, block_names: tuple[str, ...] = (),
-                 compile: CompileSettings | None = None, fsdp: FullyShardedDataParallelPlugin | None = None,
-                 precision: PrecisionPolicy | None = None, fp8: AORecipeKwargs | TERecipeKwargs | None = None
-                 ) -> None:
-        fsdp = FullyShardedDataParallelPlugin() if fsdp is None else fsdp
-        precision = PrecisionPolicy() if precision is None else precision
-        self._init(locals())
+    tp_plan: dict[str, str] | None = None
+    sequence_parallel: bool = False
+    activation_checkpointing: bool = False
+    block_names: tuple[str, ...] = ()
+    compile: CompileSettings | None = None
+    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
+    precision: PrecisionPolicy = field(default_factory=PrecisionPolicy)
+    fp8: AORecipeKwargs | TERecipeKwargs | None = None

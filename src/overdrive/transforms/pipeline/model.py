@@ -28,9 +28,14 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
 
 from overdrive.runtime import group
+from overdrive.runtime.torch_private import (
+    pipeline_computation_type,
+    pipeline_replicate,
+    tree_flatten,
+    tree_map,
+)
 from overdrive.transforms.pipeline import schedule as schedules
 from overdrive.transforms.pipeline.schedule import PipelineRuntime
 from overdrive.transforms.pipeline.split import StageLayout, build_stage_model, plan_stages, stage_blocks
@@ -341,13 +346,13 @@ def _batch_size(tree: Any) -> int:
 
 def _build_schedule(model: PipelinedModel, args: tuple, kwargs: dict, train: bool) -> Any:
     from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
-    from torch.distributed.pipelining.schedules import _ComputationType, get_schedule_class
+    from torch.distributed.pipelining.microbatch import TensorChunkSpec
+    from torch.distributed.pipelining.schedules import get_schedule_class
 
     s = model.settings
     batch = _batch_size((args, kwargs))
     chunk = {INPUTS: tree_map(lambda t: TensorChunkSpec(0) if isinstance(t, torch.Tensor) and t.ndim and
-                              t.shape[0] == batch else _Replicate(), (args, kwargs))}
+                              t.shape[0] == batch else pipeline_replicate(), (args, kwargs))}
     stages = [PipelineStage(w, st.stage, s.num_stages, s.device, group=s.pp_group)
               for w, st in zip(model.wrapped, model.stage_modules)]
     # torch runs the backward actions of a multi-stage schedule's list in evaluation too, which fails for
@@ -357,7 +362,7 @@ def _build_schedule(model: PipelinedModel, args: tuple, kwargs: dict, train: boo
                                         s.num_microbatches, loss_fn=model._loss, scale_grads=False)
     if not train and hasattr(schedule, "register_custom_function"):
         for kind in ("FULL_BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "REDUCE_GRAD"):
-            schedule.register_custom_function(getattr(_ComputationType, kind), _skip_backward)
+            schedule.register_custom_function(pipeline_computation_type(kind), _skip_backward)
     # Tensors without the batch dimension (a (1, seq) position tensor) are given whole to every micro-batch.
     # Set after construction: LoopedBFS does not take the argument, and the base class keeps it here.
     schedule._kwargs_chunk_spec = chunk
