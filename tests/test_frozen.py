@@ -65,8 +65,8 @@ def test_every_written_out_value_takes_exactly_its_fields_as_arguments():
         return [cls, *(sub for direct in cls.__subclasses__() for sub in subclasses(direct))]
 
     found = {cls.__name__: cls for cls in subclasses(FrozenValue)[1:]}
-    assert {"ProcessInfo", "ParallelDims", "PrecisionPolicy", "ProcessPlan", "Parallelism", "PathContext",
-            "StrategyContext", "TrainingPlan"} <= set(found)
+    assert {"ProcessInfo", "ParallelDims", "PrecisionPolicy", "ProcessPlan", "Parallelism",
+            "TrainingPlan"} <= set(found)
     for cls in found.values():
         taken = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
         assert sorted(taken) == sorted(cls._fields), cls
@@ -93,14 +93,3 @@ def test_start_up_values_keep_the_dataclass_defaults_and_refuse_assignment():
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, name, getattr(value, name))
         assert pickle.loads(pickle.dumps(value)) == value
-
-
-def test_strategy_context_holds_the_path_fields_first_and_a_fresh_fp8_table_each():
-    from overdrive.strategies.base import StrategyContext
-    from overdrive.transforms.path import PathContext
-
-    assert StrategyContext._fields == (*PathContext._fields, "window", "plugin_selection")
-    parts = {"device": None, "mesh": None, "precision": None, "transforms": None, "hooks": None}
-    first, second = StrategyContext(**parts, window=None), StrategyContext(**parts, window=None)  # type: ignore[arg-type]
-    assert first.fp8_replaced == {} and first.fp8_replaced is not second.fp8_replaced
-    assert first.plugin_selection is None

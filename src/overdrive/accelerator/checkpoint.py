@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
     from overdrive.config import ProjectConfiguration
-    from overdrive.strategies import Strategy
+    from overdrive.strategies import StrategyBase
     from overdrive.training.accumulation import AccumulationWindow
     from overdrive.training.prepared import PreparedObjects
     from overdrive.training.state import AcceleratorState
@@ -35,7 +35,7 @@ class CheckpointVerbs:
     window: AccumulationWindow
     project_configuration: ProjectConfiguration
     scaler: Any
-    strategy: Strategy
+    strategy: StrategyBase
     state: AcceleratorState
     unwrap_model: Callable[..., nn.Module]
 

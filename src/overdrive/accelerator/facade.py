@@ -39,14 +39,14 @@ from overdrive.helpers.misc import _compiled_inner, _recompiled, extract_model_f
 from overdrive.precision.amp import AmpPrecision
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
 from overdrive.runtime.mesh import ParallelMesh
-from overdrive.strategies import Strategy, create_strategy
+from overdrive.strategies import StrategyBase, create_strategy
 from overdrive.strategies.base import StrategyContext
 from overdrive.training.accumulation import NO_CONTEXT, AccumulationWindow
 from overdrive.training.optimizer import AcceleratedOptimizer
 from overdrive.training.prepared import PreparedObjects
 from overdrive.training.scheduler import AcceleratedScheduler
 from overdrive.training.state import AcceleratorState, GradientState
-from overdrive.transforms.hooks import HookRegistry
+from overdrive.transforms.hooks import HookRegistry, remove_hooks
 
 if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with the Accelerator
     from overdrive.config import (
@@ -169,9 +169,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         #: parameters fp8 conversion replaced, id(old) -> (weakref(old), new): optimizers are pointed at the new
         self.fp8_replaced: dict[int, Any] = {}
         context = StrategyContext(device=self.device, mesh=self.mesh, precision=self.precision,
-                                  transforms=self.plan.transforms, hooks=self.hooks, window=self.window,
+                                  transforms=self.plan.transforms, window=self.window,
                                   fp8_replaced=self.fp8_replaced, plugin_selection=self.state.deepspeed_selection)
-        self.strategy: Strategy = create_strategy(self.plan.strategy, context, self.plan.strategy_settings)
+        self.strategy: StrategyBase = create_strategy(self.plan.strategy, context, self.plan.strategy_settings)
         self.scaler = self.precision.scaler
         # backward() calls loss.backward() itself when neither a loss scale nor an engine takes part
         self._loss_backward = self.scaler is None and not self.strategy.owns_backward
@@ -261,12 +261,13 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             return model
         _refuse_quantized_placement(model, self.device, self.distributed_type != DistributedType.NO)
         place = self.plan.device_placement if device_placement is None else device_placement
+        handles: list[Any] = []  # the hooks the model path adds, filed with the prepared model below
         try:
-            prepared = self.strategy.wrap_model(model, device_placement=place, evaluation_mode=evaluation_mode)
+            prepared = self.strategy.wrap_model(model, place, evaluation_mode, hooks=handles)
         except BaseException:
-            self.hooks.discard_pending()  # a failed prepare leaves no hook behind
+            remove_hooks(handles)  # a failed prepare leaves no hook behind
             raise
-        self.hooks.claim(prepared, self.strategy.unwrap_model(prepared))
+        self.hooks.add(handles, prepared, self.strategy.unwrap_model(prepared))
         self.prepared.add_model(prepared)
         _mark_prepared(prepared)
         return prepared

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from overdrive.config import DeepSpeedPlugin, DistributedType
     from overdrive.resolve import TrainingPlan
     from overdrive.runtime.mesh import ParallelMesh
-    from overdrive.strategies import Strategy
+    from overdrive.strategies import StrategyBase
     from overdrive.training.state import AcceleratorState
 
 
@@ -28,7 +28,7 @@ class ProcessSurface:
     state: AcceleratorState
     mesh: ParallelMesh
     plan: TrainingPlan
-    strategy: Strategy
+    strategy: StrategyBase
 
     # -- where and who --------------------------------------------------------------------------------
     @property

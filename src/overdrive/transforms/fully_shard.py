@@ -17,6 +17,7 @@ from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.config.choices import invalid_choice
 from overdrive.precision import PrecisionPolicy
 from overdrive.runtime import group
+from overdrive.transforms.settings import ModelTransforms
 
 #: policy(name, module, numel of its parameters not yet in a group) -> give it its own fully_shard group
 WrapPolicy = Callable[[str, nn.Module, int], bool]
@@ -128,6 +129,15 @@ def ignored_parameters(plugin: FullyShardedDataParallelPlugin, model: nn.Module)
     else:
         modules = list(ignored)
     return {p for m in modules for p in m.parameters()}
+
+
+def fully_shard_settings(model: nn.Module, transforms: ModelTransforms, blocks: list[nn.Module]) -> FullyShardSettings:
+    """The plan's FSDP plugin and precision translated for ``model`` (whose ``blocks`` the wrap policy may pick)."""
+    fsdp, precision = transforms.fsdp, transforms.precision
+    return FullyShardSettings(
+        reshard_after_forward=fsdp.reshard, mp_policy=mixed_precision_policy(fsdp, precision),
+        root_mp_policy=mixed_precision_policy(fsdp, precision, root=True), offload_policy=offload_policy(fsdp),
+        wrap=wrap_policy(fsdp, model, blocks), ignored_params=ignored_parameters(fsdp, model))
 
 
 def apply_fully_shard(model: nn.Module, mesh: Any, settings: FullyShardSettings) -> None:

@@ -333,6 +333,14 @@ def _distribute(style: Any, module: nn.Module, mesh: Any, placements: dict[str, 
                              partial(style._prepare_output_fn, style.output_layouts, style.use_local_output))
 
 
+def tensor_parallel_plan(model: nn.Module, tp_size: int, tp_plan: dict[str, str] | None = None,
+                         sequence_parallel: bool = False) -> TensorParallelPlan:
+    """The plan for ``model``: from the user's ``tp_plan`` patterns if given, else the matched blocks."""
+    if tp_plan:
+        return plan_from_patterns(model, tp_plan, sequence_parallel, tp_size)
+    return match_blocks(model, tp_size, sequence_parallel)
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, plan: TensorParallelPlan) -> None:
     """Shard ``model`` in place over the 1-D ``tp_mesh`` following ``plan``."""
     from torch.distributed.tensor.parallel import parallelize_module
