@@ -142,6 +142,7 @@ class ProcessSurface:
                                no_restore_buffers: set[torch.Tensor] | None = None) -> contextlib.AbstractContextManager:
         """Split ``buffers`` along their sequence dims over the context-parallel axis and run attention as
         ring attention inside the block (forward and backward); nothing without context parallelism."""
+        # lazy: loaded by the runs that split sequences only (DTensor's context parallel comes with it)
         from overdrive.transforms.context_parallel import context_parallel_region
 
         return context_parallel_region(self.mesh.get("cp"), buffers, buffer_seq_dims, no_restore_buffers,

@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
 
 from overdrive.config import DistributedType
 from overdrive.resolve import FSDP2Settings
@@ -72,8 +75,10 @@ class FSDP2Strategy(StrategyBase):
         device, then filled from rank 0. Which module holds each parameter is recorded before tensor parallel
         and ``fully_shard`` replace them, so that optimizers can be pointed at the new ones."""
         transforms, sharded, from_rank0 = self.context.transforms, self.shards_parameters, self._loads_from_rank0
+        full: dict[str, torch.Tensor] = {}  # rank 0's weights and non-persistent buffers, under rank-0 loading
+        buffers: dict[str, torch.Tensor] = {}
         if from_rank0:
-            kept = self._keep_rank0_weights(model)
+            full, buffers = self._keep_rank0_weights(model)
             model = model.to("meta")
         else:
             model = apply_placement(model, self.device, self.meta_remedy)
@@ -89,7 +94,7 @@ class FSDP2Strategy(StrategyBase):
         if sharded:
             apply_fully_shard(model, self.mesh.fsdp_mesh(), fully_shard_settings(model, transforms, blocks))
         if from_rank0:
-            load_from_rank0(model, *kept, self.device)
+            load_from_rank0(model, full, buffers, self.device)
         return model
 
     @property
@@ -153,8 +158,6 @@ class FSDP2Strategy(StrategyBase):
 
     @contextlib.contextmanager
     def _gradient_sync(self, model: nn.Module, value: bool) -> Iterator[None]:
-        from torch.distributed.fsdp import FSDPModule
-
         if not isinstance(model, FSDPModule):
             yield  # tensor parallel alone: every gradient is complete after backward
             return
@@ -167,8 +170,6 @@ class FSDP2Strategy(StrategyBase):
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float) -> torch.Tensor:
         """Clip by the norm of every gradient, sharded or not, on whatever mesh it lives."""
-        from torch.distributed.tensor.experimental import implicit_replication
-
         groups = by_mesh([p for p in parameters if p.grad is not None])
         total = total_grad_norm([g for group in groups for g in _grads(group)], norm_type)
         with implicit_replication():  # the plain total norm scales DTensor gradients as a replicated scalar
@@ -182,8 +183,6 @@ def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _mesh_key(tensor: torch.Tensor) -> Any:
-    from torch.distributed.tensor import DTensor
-
     return (tensor.device_mesh, tuple(tensor.placements)) if isinstance(tensor, DTensor) else None
 
 
@@ -197,9 +196,9 @@ def by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 @contextlib.contextmanager
 def _quiet_redistribute() -> Iterator[None]:
-    """Without DTensor's warning that a norm partial over a 2-D mesh takes two sequential all-reduces: each
-    rank printed 400 characters of it on every clip, and the user cannot act on it (the reductions are
-    exact: sums of powers, then the root)."""
+    """Without DTensor's warning that a norm partial over a 2-D mesh takes two sequential all-reduces: every
+    rank would print it on every clip, and the user cannot act on it (the reductions are exact: sums of
+    powers, then the root)."""
     log = logging.getLogger("torch.distributed.tensor._redistribute")
     level = log.level
     log.setLevel(logging.ERROR)
@@ -216,8 +215,6 @@ def total_grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor
     on the data-parallel mesh only); each group's norm is reduced over its mesh, then the groups are
     combined. Plain gradients are complete on every process and count as they are.
     """
-    from torch.distributed.tensor import DTensor
-
     norm_type = float(norm_type)
     norms = []
     for group in by_mesh(grads):

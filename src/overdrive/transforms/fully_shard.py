@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.config.choices import invalid_choice
@@ -44,8 +46,6 @@ def mixed_precision_policy(plugin: FullyShardedDataParallelPlugin, precision: Pr
     Parameters are gathered in the compute dtype and gradients reduced in the policy's reduce dtype
     (fp32): one policy replaces autocast. The root module returns fp32 outputs, as autocast would.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     given = plugin.mixed_precision_policy
     if isinstance(given, MixedPrecisionPolicy):
         return given
@@ -74,8 +74,6 @@ def _dtype(value: Any) -> torch.dtype | None:
 
 def offload_policy(plugin: FullyShardedDataParallelPlugin) -> Any:
     """``CPUOffloadPolicy`` when ``cpu_offload`` asks for it (pinned memory only with an accelerator)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-
     value = plugin.cpu_offload
     if isinstance(value, OffloadPolicy):
         return value
@@ -142,8 +140,6 @@ def fully_shard_settings(model: nn.Module, transforms: ModelTransforms, blocks: 
 
 def apply_fully_shard(model: nn.Module, mesh: Any, settings: FullyShardSettings) -> None:
     """``fully_shard`` the modules the wrap policy picks (children before parents), then the root."""
-    from torch.distributed.fsdp import fully_shard
-
     claimed = set(settings.ignored_params)
     common = dict(mesh=mesh, offload_policy=settings.offload_policy, ignored_params=settings.ignored_params or None)
     for name, module in reversed(list(model.named_modules())):
@@ -188,8 +184,6 @@ def load_from_rank0(model: nn.Module, full_state: dict[str, torch.Tensor], extra
     Every process allocates only its shards (``to_empty``); ``set_model_state_dict`` broadcasts rank 0's
     tensors and each process keeps its slice. Buffers outside the state dict come from rank 0 too.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     model.to_empty(device=device)
     state: dict[str, Any] = full_state  # torch declares dict[str, ValueType], invariant in the value type
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

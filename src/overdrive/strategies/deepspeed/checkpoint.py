@@ -12,10 +12,14 @@ checkpoints hold, so a file that would run other code is refused unless ``allow_
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+import torch
 from torch import nn
+
+from overdrive.strategies.deepspeed.objects import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
 FOLDER = "deepspeed"
 #: the globals DeepSpeed's checkpoint files refer to besides torch's own safe types
@@ -42,8 +46,6 @@ if TYPE_CHECKING:
 
 def is_engine(obj: Any) -> TypeGuard[DeepSpeedEngine]:
     """Whether ``obj`` is a DeepSpeed engine (without importing DeepSpeed when it is not loaded)."""
-    import sys
-
     engine_module = sys.modules.get("deepspeed.runtime.engine")
     return engine_module is not None and isinstance(obj, engine_module.DeepSpeedEngine)
 
@@ -54,11 +56,6 @@ class EngineCheckpoint:
 
     def owns(self, obj: Any) -> bool:
         """Whether ``obj`` (a prepared model, optimizer or scheduler) is saved by its engine."""
-        from overdrive.strategies.deepspeed.objects import (
-            DeepSpeedOptimizerWrapper,
-            DeepSpeedSchedulerWrapper,
-        )
-
         for candidate in (obj, getattr(obj, "optimizer", None), getattr(obj, "scheduler", None)):
             if is_engine(candidate) or isinstance(candidate, (DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper)):
                 return True
@@ -113,8 +110,6 @@ def accelerate_tag(index: int) -> str:
 
 def refuse_unknown_globals(folder: Path) -> None:
     """Raise when a DeepSpeed file in ``folder`` refers to a global outside :data:`KNOWN_GLOBALS`."""
-    import torch
-
     found = {}
     for path in sorted(folder.rglob("*.pt")):
         unknown = sorted(set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path))) - KNOWN_GLOBALS)

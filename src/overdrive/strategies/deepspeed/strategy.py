@@ -21,19 +21,31 @@ prepared last with an optimizer; to train several engines at once call each engi
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
 from overdrive.config import DistributedType
+from overdrive.helpers.ops import convert_to_fp32, recursively_apply
 from overdrive.resolve.deepspeed import DeepSpeedSettings
+from overdrive.runtime import backend_for
+from overdrive.runtime.group import world_size
 from overdrive.strategies.base import StrategyBase, StrategyContext
 from overdrive.strategies.deepspeed.checkpoint import EngineCheckpoint, is_engine
 from overdrive.strategies.deepspeed.ds_config import engine_config
+from overdrive.strategies.deepspeed.objects import (
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+)
+from overdrive.training.optimizer import AcceleratedOptimizer
 
 if TYPE_CHECKING:
     from overdrive.precision.amp import AmpPrecision
@@ -68,8 +80,6 @@ class DeepSpeedStrategy(StrategyBase):
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """Build the engine for the model, optimizer and scheduler among ``objects`` (one of each at most);
         return ``objects`` with the engine, its optimizer and its scheduler in their places."""
-        from overdrive.strategies.deepspeed.objects import DummyOptim, DummyScheduler
-
         for obj in objects:
             if isinstance(obj, DataLoader):
                 self._remember_batch_size(obj)
@@ -97,11 +107,6 @@ class DeepSpeedStrategy(StrategyBase):
         result = list(objects)
         result[models[0]] = engine
         if optimizers or schedulers:
-            from overdrive.strategies.deepspeed.objects import (
-                DeepSpeedOptimizerWrapper,
-                DeepSpeedSchedulerWrapper,
-            )
-
             wrapper = DeepSpeedOptimizerWrapper(ds_optimizer)
             if optimizers:
                 result[optimizers[0]] = wrapper
@@ -113,7 +118,7 @@ class DeepSpeedStrategy(StrategyBase):
         size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
         if isinstance(size, int) and size > 0:
             if self.settings.split_batches:
-                size = max(1, size // _world_size())
+                size = max(1, size // world_size())
             self._batch_sizes.append(size)
 
     def _build(self, model: nn.Module, optimizer: Any, scheduler: Any) -> tuple[Any, Any, Any]:
@@ -129,7 +134,7 @@ class DeepSpeedStrategy(StrategyBase):
         training = optimizer is not None or "optimizer" in plugin.deepspeed_config
         config = engine_config(
             plugin, mixed_precision=self.settings.mixed_precision, accumulation_steps=self.settings.accumulation_steps,
-            micro_batch=self._micro_batch(plugin), world_size=_world_size(), optimizer_values=optimizer_values,
+            micro_batch=self._micro_batch(plugin), world_size=world_size(), optimizer_values=optimizer_values,
             scheduler_values=scheduler_values, hidden_size=_hidden_size(model), cpu=self.device.type == "cpu",
             client_optimizer=client_optimizer is not None, training=training, problems=problems)
         if problems:
@@ -162,23 +167,17 @@ class DeepSpeedStrategy(StrategyBase):
 
     def _ready(self) -> None:
         """A process group (DeepSpeed needs one even for one process) and DeepSpeed on our device type."""
-        import os
-
-        import torch.distributed as dist
-
         # DeepSpeed insists on LOCAL_RANK, which torchrun sets and SLURM / MPI / one process do not
         os.environ.setdefault("LOCAL_RANK", str(self.settings.local_rank))
         if not dist.is_initialized():
-            from overdrive.runtime import backend_for
-
             dist.init_process_group(backend_for(self.device), store=dist.HashStore(), rank=0, world_size=1)
         if self.device.type == "cpu":
-            from deepspeed.accelerator import get_accelerator, set_accelerator
+            from deepspeed.accelerator import get_accelerator, set_accelerator  # lazy: optional dependency
 
             current = get_accelerator()
             assert current is not None  # it sets one when none is (DeepSpeed's module default is None)
             if current.device_name() != "cpu":  # Accelerator(cpu=True) on a machine with a GPU
-                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator  # lazy: optional dependency
 
                 set_accelerator(CPU_Accelerator())
 
@@ -223,23 +222,12 @@ class DeepSpeedStrategy(StrategyBase):
         return torch.as_tensor(float("nan") if norm is None else norm, dtype=torch.float32)
 
 
-def _world_size() -> int:
-    from overdrive.runtime.group import world_size
-
-    return world_size()
-
-
 def _plain_optimizer(obj: Any) -> bool:
-    from overdrive.strategies.deepspeed.objects import DeepSpeedOptimizerWrapper
-    from overdrive.training.optimizer import AcceleratedOptimizer
-
     return isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, (DeepSpeedOptimizerWrapper,
                                                                            AcceleratedOptimizer))
 
 
 def _plain_scheduler(obj: Any) -> bool:
-    from overdrive.strategies.deepspeed.objects import DeepSpeedSchedulerWrapper
-
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) and not isinstance(obj, DeepSpeedSchedulerWrapper)
 
 
@@ -247,8 +235,6 @@ def _optimizer_parts(plugin: Any, optimizer: Any, scheduler: Any,
                      problems: list[str]) -> tuple[Any, Any, dict[str, Any]]:
     """(the optimizer DeepSpeed uses as it is, the parameters it builds the config's optimizer on, the values
     that fill the config's "auto")."""
-    from overdrive.strategies.deepspeed.objects import DummyOptim, DummyScheduler
-
     source, in_config = plugin.config_source, "optimizer" in plugin.deepspeed_config
     if isinstance(optimizer, DummyOptim):
         if not in_config:
@@ -271,8 +257,6 @@ def _optimizer_parts(plugin: Any, optimizer: Any, scheduler: Any,
 def _scheduler_parts(plugin: Any, scheduler: Any, lr: float | None, split_batches: bool,
                      problems: list[str]) -> tuple[Any, dict[str, Any]]:
     """(the scheduler, or callable building it, that DeepSpeed uses; the values that fill the config's "auto")."""
-    from overdrive.strategies.deepspeed.objects import DummyScheduler
-
     source, in_config = plugin.config_source, "scheduler" in plugin.deepspeed_config
     if not isinstance(scheduler, DummyScheduler):
         if scheduler is not None and in_config:
@@ -288,7 +272,7 @@ def _scheduler_parts(plugin: Any, scheduler: Any, lr: float | None, split_batche
                         "\"scheduler\" block; add one, or give DummyScheduler(lr_scheduler_callable=...)")
     total = scheduler.total_num_steps
     if total is not None and not split_batches:
-        total = math.ceil(total / _world_size())  # its steps count one-process batches
+        total = math.ceil(total / world_size())  # its steps count one-process batches
     return build, {"warmup_min_lr": 0, "warmup_max_lr": lr, "warmup_num_steps": scheduler.warmup_num_steps,
                    "total_num_steps": total, **scheduler.kwargs}
 
@@ -316,8 +300,6 @@ def _hidden_size(model: nn.Module) -> int | None:
 
 def _cast_io(engine: Any, config: dict[str, Any]) -> list[Any]:
     """Cast floating inputs to the engine's 16-bit dtype and floating outputs back to fp32."""
-    from overdrive.helpers.ops import convert_to_fp32, recursively_apply
-
     dtype = (torch.bfloat16 if (config.get("bf16") or {}).get("enabled") is True
              else torch.float16 if (config.get("fp16") or {}).get("enabled") is True else None)
     if dtype is None:

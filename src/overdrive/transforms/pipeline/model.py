@@ -28,12 +28,22 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
+from torch.distributed.pipelining.schedules import _ComputationType, get_schedule_class
 from torch.utils._pytree import tree_flatten, tree_map
 
 from overdrive.runtime import group
 from overdrive.transforms.pipeline import schedule as schedules
 from overdrive.transforms.pipeline.schedule import PipelineRuntime
-from overdrive.transforms.pipeline.split import StageLayout, build_stage_model, plan_stages, stage_blocks
+from overdrive.transforms.pipeline.split import (
+    StageLayout,
+    build_stage_model,
+    plan_stages,
+    shallow_copy,
+    stage_blocks,
+)
 from overdrive.transforms.pipeline.ties import find_tied_parameters, place_ties, summed_tied_gradients
 
 #: the one keyword the model's inputs travel under through torch's schedule (split per micro-batch)
@@ -317,8 +327,6 @@ class PipelinedModel(nn.Module):
     # -- whole-model views -------------------------------------------------------------------------
     def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every stage's full weights on the CPU, gathered on global rank 0 (empty elsewhere); a collective."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         local: dict[str, torch.Tensor] = {}
         for stage in self.stage_modules:
             state = get_model_state_dict(stage, options=StateDictOptions(full_state_dict=True))
@@ -340,10 +348,6 @@ def _batch_size(tree: Any) -> int:
 
 
 def _build_schedule(model: PipelinedModel, args: tuple, kwargs: dict, train: bool) -> Any:
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
-    from torch.distributed.pipelining.schedules import _ComputationType, get_schedule_class
-
     s = model.settings
     batch = _batch_size((args, kwargs))
     chunk = {INPUTS: tree_map(lambda t: TensorChunkSpec(0) if isinstance(t, torch.Tensor) and t.ndim and
@@ -378,8 +382,6 @@ def merged_view(models: list[nn.Module]) -> nn.Module:
     holders = [m for m in models if any(True for _ in m.parameters())]
     if len({id(m) for m in holders}) <= 1:
         return holders[0] if holders else first
-    from overdrive.transforms.pipeline.split import shallow_copy
-
     view = shallow_copy(first)
     own = [m for m in holders if any(True for _ in m.parameters(recurse=False))]
     if own:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from overdrive.config.choices import invalid_choice
 from overdrive.config.pipeline import BALANCE_CHOICES
@@ -278,20 +279,14 @@ def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_leaves
-
     return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
 def _to_meta(tree: Any) -> Any:
-    from torch.utils._pytree import tree_map
-
     return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, tree)
 
 
 def _zeros_like_tree(tree: Any, device: torch.device) -> Any:
-    from torch.utils._pytree import tree_map
-
     return tree_map(lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device)
                     if isinstance(t, torch.Tensor) else t, tree)
 
