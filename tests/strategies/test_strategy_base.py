@@ -1,6 +1,6 @@
-"""Typed seams: every strategy is a ``StrategyBase`` whose capabilities are plain attributes, and the model
-path is an object with named steps that a strategy overrides by name (which strategy overrides which is
-checked here; the steps' effects are checked against plain PyTorch in tests/transforms/test_model_path.py)."""
+"""Typed seams: every strategy is a ``StrategyBase`` whose capabilities are plain attributes, and whose model
+path is its own ``wrap_model``, a list of ``apply_*`` calls (their effects are checked against plain PyTorch
+in tests/transforms/test_model_path.py); a transform joins it by a subclass."""
 
 from __future__ import annotations
 
@@ -12,32 +12,39 @@ from torch import nn
 
 from overdrive import Accelerator
 from overdrive.resolve import DDPSettings, FSDP2Settings, SingleSettings
-from overdrive.strategies import StrategyBase, create_strategy, register_strategy
+from overdrive.strategies import StrategyBase, StrategyContext, create_strategy, register_strategy
 from overdrive.strategies.deepspeed import DeepSpeedSettings
 from overdrive.strategies.single import SingleDeviceStrategy
-from overdrive.transforms.path import STEPS, ModelPath
 from tests.support.parallel import make_model
 
 
-def overridden(strategy: StrategyBase) -> set[str]:
-    return set(strategy.model_path().overrides)
-
-
-def test_each_strategy_overrides_its_steps_by_name_and_nothing_else():
+def test_each_strategy_runs_its_own_model_path_and_reports_its_hooks():
     from overdrive import FullyShardedDataParallelPlugin
 
-    context = Accelerator(cpu=True).strategy.context
-    assert STEPS == ("placement", "precision_hooks", "fp8", "parallelize", "activation_checkpointing", "compile",
-                     "data_parallel")
-    assert overridden(create_strategy("single", context, SingleSettings())) == set()
-    assert overridden(create_strategy("ddp", context, DDPSettings())) == {"data_parallel"}
-    # one process: nothing is sharded, so autocast hooks stay and fully_shard does not run
+    context = Accelerator(cpu=True, mixed_precision="bf16").strategy.context
+    for strategy in (create_strategy("single", context, SingleSettings()),
+                     create_strategy("fsdp2", context, FSDP2Settings())):  # one process: nothing sharded
+        handles: list = []
+        model = strategy.wrap_model(make_model(), hooks=handles)
+        assert len(handles) == 2 and model(torch.randint(0, 64, (2, 8))).dtype == torch.float32, strategy.name
+        for handle in handles:
+            handle.remove()
     fsdp = create_strategy("fsdp2", context, FSDP2Settings())
-    assert overridden(fsdp) == {"placement", "parallelize"}
+    assert fsdp.places_model(False) and not create_strategy("single", context, SingleSettings()).places_model(False)
     engine = create_strategy("deepspeed", context, DeepSpeedSettings(plugins={}))
-    assert overridden(engine) == {"placement", "precision_hooks", "fp8", "data_parallel"}
     assert engine.owns_backward and not fsdp.owns_backward
     assert Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin()).strategy.name == "fsdp2"
+    with pytest.raises(NotImplementedError, match="StrategyBase has no model path: a strategy defines wrap_model"):
+        StrategyBase(context, None).wrap_model(make_model(), hooks=[])
+
+
+def test_the_context_is_a_frozen_dataclass_with_a_fresh_fp8_table_each():
+    parts = {"device": None, "mesh": None, "precision": None, "transforms": None, "window": None}
+    first, second = StrategyContext(**parts), StrategyContext(**parts)  # type: ignore[arg-type]
+    assert first.fp8_replaced == {} and first.fp8_replaced is not second.fp8_replaced
+    assert first.plugin_selection is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.device = torch.device("cpu")  # type: ignore[misc]
 
 
 def test_capabilities_are_attributes_with_defaults():
@@ -51,11 +58,7 @@ def test_capabilities_are_attributes_with_defaults():
     assert single.prepare_optimizer(optimizer, [model]) is optimizer
 
 
-def test_an_unknown_step_or_strategy_class_is_refused_naming_the_choices():
-    path = Accelerator(cpu=True).strategy.model_path()
-    with pytest.raises(ValueError, match=r"no step 'shard'; its steps: placement, precision_hooks, fp8, "):
-        path.override("shard", lambda path, model: model)
-
+def test_a_strategy_class_that_is_not_one_is_refused():
     class NotAStrategy:
         pass
 
@@ -64,28 +67,27 @@ def test_an_unknown_step_or_strategy_class_is_refused_naming_the_choices():
 
 
 class FrozenEmbeddings(SingleDeviceStrategy):
-    """A strategy that adds one transform by overriding one step by name: the embeddings stop training."""
+    """A strategy that adds one transform by extending the steps every strategy shares: the embeddings stop
+    training."""
 
     name = "frozen-embeddings"
 
-    def path_overrides(self):  # noqa: ANN201 - the recipe as a user writes it
-        def parallelize(path: ModelPath, model: nn.Module) -> nn.Module:
-            model = path.parallelize(model)  # the default step first
-            for module in model.modules():
-                if isinstance(module, nn.Embedding):
-                    module.weight.requires_grad_(False)
-            return model
-
-        return {"parallelize": parallelize}
+    def apply_model_transforms(self, model: nn.Module) -> list[nn.Module]:
+        blocks = super().apply_model_transforms(model)  # the shared steps first
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                module.weight.requires_grad_(False)
+        return blocks
 
 
-def test_a_strategy_overrides_one_step_and_keeps_every_other():
+def test_a_strategy_extends_the_shared_steps_and_keeps_every_other():
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     register_strategy(FrozenEmbeddings.name, FrozenEmbeddings)
     strategy = create_strategy(FrozenEmbeddings.name, accelerator.strategy.context, SingleSettings())
-    model = strategy.wrap_model(make_model())
+    handles: list = []
+    model = strategy.wrap_model(make_model(), hooks=handles)
     assert not model.embed.weight.requires_grad and model.head.weight.requires_grad
-    assert len(accelerator.hooks) == 2  # the default precision_hooks step still ran (autocast in and out)
+    assert len(handles) == 2  # the precision hooks still went on (autocast in and out)
     ids = torch.randint(0, 64, (2, 8))
     assert model(ids).dtype == torch.float32  # outputs back in fp32 from the autocast region
 

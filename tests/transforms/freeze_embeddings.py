@@ -1,21 +1,29 @@
-"""A transform added as ARCHITECTURE.md's recipe says: this one module (its test is
-tests/transforms/test_add_a_transform.py). Importing it adds the step ``freeze_embeddings`` to the model path of
-every strategy, right after activation checkpointing: before compile and data parallel, so DDP is built over the
-parameters that still train."""
+"""A transform added as ARCHITECTURE.md's recipe says (its test is tests/transforms/test_add_a_transform.py): an
+in-place function, and a strategy that runs it by extending the steps every strategy shares. Passed as a
+callable (``accelerator.strategy.extra_transforms.append(freeze_embeddings)``) or by the subclass, it runs
+after activation checkpointing, before compile and data parallel, so DDP is built over the parameters that
+still train."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from overdrive.transforms import ModelPath, register_step
+from overdrive.strategies.ddp import DDPStrategy
 
 
-def freeze_embeddings(path: ModelPath, model: nn.Module) -> nn.Module:
+def freeze_embeddings(model: nn.Module) -> None:
     """The model's embedding tables stop training (in place)."""
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             module.weight.requires_grad_(False)
-    return model
 
 
-register_step("freeze_embeddings", freeze_embeddings, after="activation_checkpointing")
+class FrozenEmbeddingsDDP(DDPStrategy):
+    """DDP whose model path also freezes the embeddings, before DDP wraps the model."""
+
+    name = "ddp-frozen-embeddings"
+
+    def apply_model_transforms(self, model: nn.Module) -> list[nn.Module]:
+        blocks = super().apply_model_transforms(model)
+        freeze_embeddings(model)
+        return blocks

@@ -52,6 +52,24 @@ def test_meta_model_is_refused_by_the_one_path_and_leaves_no_hook():
     assert len(accelerator.hooks) == 0 and accelerator.prepared.models == []
 
 
+def test_a_prepare_that_fails_after_the_precision_hooks_leaves_none_behind():
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", kwargs_handlers=[ActivationCheckpointingKwargs()])
+    model = nn.Sequential(nn.Linear(4, 4))  # no repeated blocks to checkpoint: refused after autocast went on
+    with pytest.raises(ValueError, match="activation_checkpointing found no blocks in Sequential"):
+        accelerator.prepare(model)
+    assert overdrive_hooks(model) == 0 and len(accelerator.hooks) == 0 and accelerator.prepared.models == []
+
+    def fails(model: nn.Module) -> None:
+        raise RuntimeError("a transform of one's own failed")
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    accelerator.strategy.extra_transforms.append(fails)
+    model = make_model()
+    with pytest.raises(RuntimeError, match="a transform of one's own failed"):
+        accelerator.prepare(model)
+    assert overdrive_hooks(model) == 0 and len(accelerator.hooks) == 0 and accelerator.prepared.models == []
+
+
 def test_activation_checkpointing_and_regional_compile_on_one_process_match_plain_pytorch():
     accelerator = Accelerator(cpu=True, kwargs_handlers=[ActivationCheckpointingKwargs()],
                               dynamo_plugin=TorchDynamoPlugin(backend="eager", use_regional_compilation=True))

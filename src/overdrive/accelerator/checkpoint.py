@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
     from overdrive.config import ProjectConfiguration
-    from overdrive.strategies import Strategy
+    from overdrive.strategies import StrategyBase
     from overdrive.training.accumulation import AccumulationWindow
     from overdrive.training.prepared import PreparedObjects
     from overdrive.training.state import AcceleratorState
@@ -35,7 +35,7 @@ class CheckpointVerbs:
     window: AccumulationWindow
     project_configuration: ProjectConfiguration
     scaler: Any
-    strategy: Strategy
+    strategy: StrategyBase
     state: AcceleratorState
     unwrap_model: Callable[..., nn.Module]
 
@@ -44,7 +44,7 @@ class CheckpointVerbs:
         if not self.state.is_main_process:
             return
         if safe_serialization:
-            from safetensors.torch import save_file
+            from safetensors.torch import save_file  # lazy: loaded only by runs that save with it
 
             save_file(obj, str(f), metadata={"format": "pt"})
         else:
@@ -64,6 +64,7 @@ class CheckpointVerbs:
         ``automatic_checkpoint_naming`` the folder is ``<project_dir>/checkpoints/checkpoint_<iteration>`` and
         ``total_limit`` applies. Returns the folder.
         """
+        # lazy: the checkpoint package (torch.distributed.checkpoint with it) loads only when a run uses it
         from overdrive.checkpoint import save_state
 
         return save_state(self.training_state(), output_dir, safe_serialization, **save_model_func_kwargs)
@@ -74,6 +75,7 @@ class CheckpointVerbs:
         None: Accelerate's files as Accelerate reads them, nothing of overdrive's unpickled; False: nothing
         beyond plain values; True: everything), ``strict`` (default True), ``verify`` (checksums, default
         True), ``load_kwargs`` (passed to ``torch.load``)."""
+        # lazy: the checkpoint package (torch.distributed.checkpoint with it) loads only when a run uses it
         from overdrive.checkpoint import load_state
 
         return load_state(self.training_state(), input_dir, **load_model_func_kwargs)
@@ -88,6 +90,7 @@ class CheckpointVerbs:
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load ``objects`` (each with ``state_dict`` / ``load_state_dict``) with the state."""
+        # lazy: the checkpoint package (torch.distributed.checkpoint with it) loads only when a run uses it
         from overdrive.checkpoint import check_stateful
 
         self.prepared.custom_objects.extend(check_stateful(objects))
@@ -105,6 +108,7 @@ class CheckpointVerbs:
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
         """Write ``model``'s full weights as ``model.safetensors`` (or shards + index) in ``save_directory``."""
+        # lazy: the checkpoint package (torch.distributed.checkpoint with it) loads only when a run uses it
         from overdrive.checkpoint import save_model
 
         save_model(model, save_directory, max_shard_size, safe_serialization, is_main_process=self.state.is_main_process,
@@ -112,6 +116,7 @@ class CheckpointVerbs:
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """``model``'s full state dict on the CPU, by the user's parameter names (gathered when sharded)."""
+        # lazy: the checkpoint package (torch.distributed.checkpoint with it) loads only when a run uses it
         from overdrive.checkpoint import get_state_dict
 
         return get_state_dict(model, unwrap=unwrap, engine=self.strategy.engine_checkpoint)

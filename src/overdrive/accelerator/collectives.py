@@ -8,12 +8,15 @@ end of the data from the gradient state.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.algorithms.join import Join
 
 import overdrive.helpers.ops as ops
+from overdrive.runtime import group
 
 if TYPE_CHECKING:
     from overdrive.runtime.mesh import ParallelMesh
@@ -95,8 +98,6 @@ class CollectiveVerbs:
         if self.state.num_processes == 1:
             yield
             return
-        from torch.distributed.algorithms.join import Join
-
         loaders = self.prepared.dataloaders
         saved = [loader.even_batches for loader in loaders]
         if even_batches is not None:
@@ -123,14 +124,10 @@ def _warn_padded_stream(loader: Any) -> None:
     """Once per run, on the main process: data of unknown length, with its last batch padded (several
     processes, ``drop_last=False``), gives ``gather_for_metrics`` no count of the repeated samples, so they stay
     in its result, as in Accelerate."""
-    from overdrive.runtime import group
-
     if _warned_padded_stream or getattr(loader, "_drop_last", True) or group.world_size() <= 1:
         return
     _warned_padded_stream.append(True)
     if group.rank() == 0:
-        import warnings
-
         warnings.warn("gather_for_metrics: the data has no length, so the samples repeated to fill the last "
                       "batch of each process (if any) cannot be dropped and stay in the result, as in Accelerate; "
                       "drop them yourself, give the dataset a __len__, or use dispatch_batches=True", stacklevel=3)

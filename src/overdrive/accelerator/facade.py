@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from overdrive.accelerator.checkpoint import CheckpointVerbs
 from overdrive.accelerator.collectives import CollectiveVerbs
 from overdrive.accelerator.processes import ProcessSurface
+from overdrive.accelerator.profiling import build_profiler
 from overdrive.accelerator.surface import AccelerateSurface
 from overdrive.accelerator.tracking import TrackingVerbs
 from overdrive.config import (  # GradientAccumulationPlugin: also a name of accelerate.accelerator
@@ -35,11 +36,13 @@ from overdrive.config import (  # GradientAccumulationPlugin: also a name of acc
     ProjectConfiguration,
 )
 from overdrive.config.choices import unexpected_arguments
+from overdrive.data import prepare_data_loader, skip_first_batches
+from overdrive.helpers.memory import release_memory
 from overdrive.helpers.misc import _compiled_inner, _recompiled, extract_model_from_parallel
 from overdrive.precision.amp import AmpPrecision
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
 from overdrive.runtime.mesh import ParallelMesh
-from overdrive.strategies import Strategy, create_strategy
+from overdrive.strategies import StrategyBase, create_strategy
 from overdrive.strategies.base import StrategyContext
 from overdrive.strategies.deepspeed import resolve_deepspeed
 from overdrive.training.accumulation import NO_CONTEXT, AccumulationWindow
@@ -47,7 +50,7 @@ from overdrive.training.optimizer import AcceleratedOptimizer
 from overdrive.training.prepared import PreparedObjects
 from overdrive.training.scheduler import AcceleratedScheduler
 from overdrive.training.state import AcceleratorState, GradientState
-from overdrive.transforms.hooks import HookRegistry
+from overdrive.transforms.hooks import HookRegistry, remove_hooks
 
 if TYPE_CHECKING:  # the plugin classes load when a plugin is given, not with the Accelerator
     from overdrive.config import (
@@ -170,9 +173,9 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         #: parameters fp8 conversion replaced, id(old) -> (weakref(old), new): optimizers are pointed at the new
         self.fp8_replaced: dict[int, Any] = {}
         context = StrategyContext(device=self.device, mesh=self.mesh, precision=self.precision,
-                                  transforms=self.plan.transforms, hooks=self.hooks, window=self.window,
+                                  transforms=self.plan.transforms, window=self.window,
                                   fp8_replaced=self.fp8_replaced, plugin_selection=self.state.deepspeed_selection)
-        self.strategy: Strategy = create_strategy(self.plan.strategy, context, self.plan.strategy_settings)
+        self.strategy: StrategyBase = create_strategy(self.plan.strategy, context, self.plan.strategy_settings)
         self.scaler = self.precision.scaler
         # backward() calls loss.backward() itself when neither a loss scale nor an engine takes part
         self._loss_backward = self.scaler is None and not self.strategy.owns_backward
@@ -262,12 +265,13 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
             return model
         _refuse_quantized_placement(model, self.device, self.distributed_type != DistributedType.NO)
         place = self.plan.device_placement if device_placement is None else device_placement
+        handles: list[Any] = []  # the hooks the model path adds, filed with the prepared model below
         try:
-            prepared = self.strategy.wrap_model(model, device_placement=place, evaluation_mode=evaluation_mode)
+            prepared = self.strategy.wrap_model(model, place, evaluation_mode, hooks=handles)
         except BaseException:
-            self.hooks.discard_pending()  # a failed prepare leaves no hook behind
+            remove_hooks(handles)  # a failed prepare leaves no hook behind
             raise
-        self.hooks.claim(prepared, self.strategy.unwrap_model(prepared))
+        self.hooks.add(handles, prepared, self.strategy.unwrap_model(prepared))
         self.prepared.add_model(prepared)
         _mark_prepared(prepared)
         return prepared
@@ -283,6 +287,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
                 return existing
         models = self.prepared.models
         if self.plan.fp8 is not None:
+            # lazy: only runs with an fp8 recipe load the fp8 module
             from overdrive.precision.fp8 import precompute_scales_after_step, repoint_optimizer
 
             repoint_optimizer(optimizer, self.fp8_replaced)  # weights torchao wrapped for fp8 all-gather
@@ -313,8 +318,6 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         """Prepare one data loader (what ``prepare`` does for it): sharded over the data-parallel ranks (or
         dispatched from rank 0), batches moved to the device (unless ``device_placement=False``), as the
         ``dataloader_config`` says. ``slice_fn_for_dispatch`` cuts a dispatched batch (Accelerate's)."""
-        from overdrive.data import prepare_data_loader
-
         config = self.dataloader_config
         num_shards, shard = self.strategy.data_place(self.data_parallel_size, self.data_parallel_rank)
         prepared = prepare_data_loader(
@@ -421,16 +424,12 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
         """``torch.profiler.profile`` with the handler's options; with ``output_trace_dir`` each process
         writes its Chrome trace there as ``trace_rank_<index>.json``."""
-        from overdrive.accelerator.profiling import build_profiler
-
         handler = profile_handler or self.plan.profile or ProfileKwargs()
         with build_profiler(handler, self.device, self.process_index) as profiler:
             yield profiler
 
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop the references this Accelerator holds (and ``objects``) and empty the device cache."""
-        from overdrive.helpers.memory import release_memory
-
         self.hooks.clear()
         self.prepared.clear()
         self.window.reset()
@@ -441,8 +440,6 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """``dataloader`` skipping the first ``num_batches`` batches of its next epoch (where ``load_state``
         would resume it)."""
-        from overdrive.data import skip_first_batches
-
         return skip_first_batches(dataloader, num_batches)
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from overdrive.config import DistributedType
     from overdrive.resolve import TrainingPlan
     from overdrive.runtime.mesh import ParallelMesh
-    from overdrive.strategies import Strategy
+    from overdrive.strategies import StrategyBase
     from overdrive.strategies.deepspeed import DeepSpeedPlugin
     from overdrive.training.state import AcceleratorState
 
@@ -29,7 +29,7 @@ class ProcessSurface:
     state: AcceleratorState
     mesh: ParallelMesh
     plan: TrainingPlan
-    strategy: Strategy
+    strategy: StrategyBase
 
     # -- where and who --------------------------------------------------------------------------------
     @property
@@ -143,6 +143,7 @@ class ProcessSurface:
                                no_restore_buffers: set[torch.Tensor] | None = None) -> contextlib.AbstractContextManager:
         """Split ``buffers`` along their sequence dims over the context-parallel axis and run attention as
         ring attention inside the block (forward and backward); nothing without context parallelism."""
+        # lazy: loaded by the runs that split sequences only (DTensor's context parallel comes with it)
         from overdrive.transforms.context_parallel import context_parallel_region
 
         return context_parallel_region(self.mesh.get("cp"), buffers, buffer_seq_dims, no_restore_buffers,

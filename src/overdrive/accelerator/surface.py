@@ -12,6 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from torch import nn
+from torch.optim import Optimizer
+
+from overdrive.helpers.misc import extract_model_from_parallel
 from overdrive.resolve.plan import DDPSettings
 
 if TYPE_CHECKING:
@@ -56,10 +60,6 @@ class AccelerateSurface:
     def _get_named_parameters(self, *args: Any, drop_refs: bool = False) -> dict[str, Any]:
         """The parameters of the models among ``args`` by name (unwrapped; prefixed with the model's index
         when there are several); with ``drop_refs``, their data pointers instead of the tensors."""
-        from torch import nn
-
-        from overdrive.helpers.misc import extract_model_from_parallel
-
         models = [obj for obj in args if isinstance(obj, nn.Module)]
         named: dict[str, Any] = {}
         for index, model in enumerate(models):
@@ -72,8 +72,6 @@ class AccelerateSurface:
         """Point the optimizers among ``args`` at the parameters their models hold now, where preparation
         replaced a parameter object (``old_named_params``: ``_get_named_parameters`` before it); their state
         moves along. Nothing changes when no parameter was replaced."""
-        from torch.optim import Optimizer
-
         new = self._get_named_parameters(*args)
         mapping = {id(old): new[name] for name, old in old_named_params.items()
                    if name in new and old is not new[name]}

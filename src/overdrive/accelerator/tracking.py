@@ -34,7 +34,7 @@ class TrackingVerbs:
     def init_trackers(self, project_name: str, config: dict | None = None,
                       init_kwargs: dict[str, dict] | None = None) -> None:
         """Start the trackers named by ``log_with`` (JSONL when none is named) for ``project_name``."""
-        from overdrive.tracking import start_trackers
+        from overdrive.tracking import start_trackers  # lazy: the tracking package loads only when a run logs
 
         self.trackers = start_trackers(
             self.plan.log_with, project_name, config=config, init_kwargs=init_kwargs or {},
@@ -42,7 +42,7 @@ class TrackingVerbs:
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The running tracker called ``name`` (its library's own object with ``unwrap=True``)."""
-        from overdrive.tracking import find_tracker
+        from overdrive.tracking import find_tracker  # lazy: the tracking package loads only when a run logs
 
         return find_tracker(self.trackers, name, unwrap=unwrap)
 
@@ -55,6 +55,7 @@ class TrackingVerbs:
     def end_training(self) -> None:
         """Finish every tracker (flush and close its files), wait for a checkpoint still being written in the
         background (``save_state(async_save=True)``) and for all processes."""
+        # lazy: the checkpoint package loads only when a run uses it
         from overdrive.checkpoint.background import wait_for_pending_save
 
         wait_for_pending_save()

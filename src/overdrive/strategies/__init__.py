@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING
 from overdrive._lazy import lazy_exports
 
 _EXPORTS = {name: "overdrive.strategies.base" for name in (
-    "Strategy", "StrategyBase", "StrategyContext", "create_strategy", "register_strategy")}
+    "StrategyBase", "StrategyContext", "create_strategy", "register_strategy")}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.strategies.base import (
-        Strategy,
         StrategyBase,
         StrategyContext,
         create_strategy,

@@ -2,15 +2,17 @@
 
 A strategy wraps models for its kind of parallelism and answers the few questions the Accelerator
 asks of it. :class:`StrategyBase` holds the defaults (one process's answers); a strategy overrides what
-differs, and changes the model path by naming the steps it replaces (:meth:`StrategyBase.path_overrides`).
-A new strategy is one module plus one ``register_strategy`` call.
+differs. Its ``wrap_model`` is its model path, read top to bottom: the ``apply_*`` steps of
+``transforms/path.py`` in order, the ones every strategy shares after placement and precision in
+:meth:`StrategyBase.apply_model_transforms`. A new strategy is one module plus one ``register_strategy`` call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -19,7 +21,7 @@ from torch import nn
 
 from overdrive.config import DistributedType
 from overdrive.training.accumulation import NO_CONTEXT
-from overdrive.transforms.path import ModelPath, PathContext, PathStep, Replaced
+from overdrive.transforms.path import Replaced, model_blocks
 
 if TYPE_CHECKING:
     from overdrive.precision.amp import AmpPrecision
@@ -27,31 +29,34 @@ if TYPE_CHECKING:
     from overdrive.training.accumulation import AccumulationWindow
     from overdrive.training.prepared import PreparedObjects
     from overdrive.training.state import PluginSelection
-    from overdrive.transforms.hooks import HookRegistry
     from overdrive.transforms.settings import ModelTransforms
 
+#: a transform of one's own: changes the model in place (its return value is ignored)
+Transform = Callable[[nn.Module], object]
 
-class StrategyContext(PathContext):
-    """The runtime objects every strategy works with: the model path's (device, mesh, precision, transforms,
-    hooks, fp8_replaced), the accumulation window and the DeepSpeed plugin selection (its settings are its own
-    typed object)."""
 
+@dataclass(frozen=True, slots=True)
+class StrategyContext:
+    """The runtime objects every strategy works with."""
+
+    device: torch.device
+    mesh: ParallelMesh
+    #: the Accelerator's autocast hooks and loss scaler
+    precision: AmpPrecision
+    #: the model path's settings, the same for every strategy
+    transforms: ModelTransforms
     window: AccumulationWindow
+    #: parameters fp8 conversion replaced (``id(old) -> (weakref(old), new)``), for ``prepare_optimizer``
+    fp8_replaced: Replaced = field(default_factory=dict)
     #: which of the plan's named plugins the next ``prepare()`` uses (DeepSpeed's), or None: runtime state
     #: owned by the Accelerator's state, so the plan stays frozen
-    plugin_selection: PluginSelection | None
-
-    def __init__(self, *, device: torch.device, mesh: ParallelMesh, precision: AmpPrecision,
-                 transforms: ModelTransforms, hooks: HookRegistry, window: AccumulationWindow,
-                 fp8_replaced: Replaced | None = None, plugin_selection: PluginSelection | None = None) -> None:
-        fp8_replaced = {} if fp8_replaced is None else fp8_replaced
-        self._init(locals())
+    plugin_selection: PluginSelection | None = None
 
 
 class StrategyBase:
     """What the Accelerator needs from a kind of parallelism, with one process's answers as defaults: the
-    model path with no step overridden, the user's parameters and module as they are, the precision's
-    ``backward`` (the loss scaler's under fp16) and no gradient synchronisation to control.
+    user's parameters and module as they are, the precision's ``backward`` (the loss scaler's under fp16) and
+    no gradient synchronisation to control. ``wrap_model`` has no default: it is each strategy's model path.
 
     A strategy subclasses it, names its settings type, and overrides what differs; ``create_strategy``
     builds it as ``cls(context, settings)``."""
@@ -74,6 +79,9 @@ class StrategyBase:
         self.context = context
         self.device = context.device
         self.settings = settings
+        #: transforms of one's own, run in order by :meth:`apply_model_transforms` after activation
+        #: checkpointing, before compile and data parallel (``accelerator.strategy.extra_transforms.append(f)``)
+        self.extra_transforms: list[Transform] = []
 
     @property
     def distributed_type(self) -> DistributedType | None:
@@ -92,24 +100,60 @@ class StrategyBase:
         scheduler become an engine, its optimizer and its scheduler). By default ``objects`` as they are."""
         return objects
 
-    def path_overrides(self) -> Mapping[str, PathStep]:
-        """The model path's steps this strategy replaces, by name (``ModelPath.names``: the built-in
-        ``transforms.path.STEPS`` and the steps added with ``register_step``); none by default."""
-        return {}
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
+                   hooks: list[Any]) -> nn.Module:
+        """The model as it trains under this strategy: its model path, the ``apply_*`` steps in order. The
+        handles of the hooks it adds are appended to ``hooks`` (the Accelerator files them with the prepared
+        model, or removes them if preparing fails). ``evaluation_mode`` leaves out a data-parallel wrapper that
+        only serves training (DDP)."""
+        raise NotImplementedError(f"{type(self).__name__} has no model path: a strategy defines wrap_model "
+                                  "(see strategies/single.py)")
 
-    def model_path(self, device_placement: bool = True, evaluation_mode: bool = False) -> ModelPath:
-        """The model path for one model, with this strategy's :meth:`path_overrides`."""
-        return ModelPath(self.context, device_placement=device_placement, evaluation_mode=evaluation_mode,
-                         meta_remedy=self.meta_remedy, overrides=self.path_overrides())
+    def apply_model_transforms(self, model: nn.Module, find_blocks: bool = False) -> list[nn.Module]:
+        """The steps every strategy runs after placement and precision, in place: tensor parallel, activation
+        checkpointing, :attr:`extra_transforms`, compile. Returns the model's blocks (found after tensor
+        parallel) when a step uses them or ``find_blocks`` asks (``fully_shard``'s wrap policy reads them),
+        else an empty list. A subclass adds a step by extending it."""
+        transforms, tp_mesh = self.context.transforms, self.context.mesh.get("tp")
+        if tp_mesh is not None:
+            # lazy: its import (DTensor's styles) costs every start-up that has no tensor parallel
+            from overdrive.transforms.tensor_parallel import apply_tensor_parallel, tensor_parallel_plan
 
-    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
-        """The model as it trains under this strategy: the model path run on it. ``evaluation_mode`` leaves
-        out a data-parallel wrapper that only serves training (DDP)."""
-        return self.model_path(device_placement, evaluation_mode).run(model)
+            plan = tensor_parallel_plan(model, tp_mesh.size(), transforms.tp_plan, transforms.sequence_parallel)
+            apply_tensor_parallel(model, tp_mesh, plan)
+        uses_blocks = find_blocks or transforms.activation_checkpointing or transforms.compile is not None
+        blocks = model_blocks(model, transforms) if uses_blocks else []
+        if transforms.activation_checkpointing:
+            # lazy: a run without activation checkpointing or compile never loads them (first-step import cost)
+            from overdrive.transforms.activation_checkpointing import apply_activation_checkpointing
+
+            apply_activation_checkpointing(blocks, model)
+        for transform in self.extra_transforms:
+            transform(model)
+        if transforms.compile is not None:
+            from overdrive.transforms.compile import apply_compile  # lazy: as activation checkpointing
+
+            apply_compile(model, blocks, transforms.compile)
+        return blocks
+
+    def apply_fp8(self, model: nn.Module) -> Replaced:
+        """The model's linear layers converted for fp8 (the plan's recipe) in place; the parameters replaced,
+        also recorded in the context's ``fp8_replaced`` for the optimizers."""
+        # lazy: the fp8 module is imported only by runs with an fp8 recipe (its import costs every other start)
+        from overdrive.precision.fp8 import apply_fp8
+
+        assert self.context.transforms.fp8 is not None  # the caller's condition
+        replaced = apply_fp8(model, self.context.transforms.fp8)
+        self.context.fp8_replaced.update(replaced)
+        return replaced
+
+    def places_model(self, device_placement: bool) -> bool:
+        """Whether :meth:`wrap_model` puts the model on the device, given ``prepare``'s ``device_placement``."""
+        return device_placement
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever ``wrap_model`` returned: ``model`` itself by default, since every
-        transform of the model path works in place."""
+        ``apply_*`` step but data parallel works in place."""
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
@@ -160,12 +204,8 @@ class StrategyBase:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
 
-#: the former name of ``StrategyBase`` (the type the Accelerator holds)
-Strategy = StrategyBase
-
-
 class EngineCheckpoint(Protocol):
-    """A strategy's engine state inside a checkpoint folder (see ``Strategy.engine_checkpoint``)."""
+    """A strategy's engine state inside a checkpoint folder (see ``StrategyBase.engine_checkpoint``)."""
 
     def owns(self, obj: Any) -> bool:
         """Whether the engine saves the state of ``obj`` (a prepared model, optimizer or scheduler)."""

@@ -36,8 +36,8 @@ from overdrive.resolve import FaultTolerantSettings
 from overdrive.runtime.group import rank, world_size
 from overdrive.strategies.base import StrategyContext
 from overdrive.strategies.ddp import DDPStrategy
+from overdrive.strategies.single import SingleDeviceStrategy
 from overdrive.training.prepared import PreparedObjects
-from overdrive.transforms.path import ModelPath, PathStep
 
 
 class LighthouseLost(RuntimeError):
@@ -160,14 +160,13 @@ class FaultTolerantStrategy(DDPStrategy):
         if not self.reports.quorums:
             self.start_quorum(from_forward=False)
 
-    def path_overrides(self) -> Mapping[str, PathStep]:
-        """``data_parallel``: torchft's ``DistributedDataParallel`` (averaging across groups)."""
-        return {"data_parallel": self.data_parallel}
-
-    def data_parallel(self, path: ModelPath, model: nn.Module) -> nn.Module:
-        """torchft's ``DistributedDataParallel`` around the model (inside a group of several processes, their
-        average first), and the hook that takes the step's quorum before its first training forward."""
-        if path.evaluation_mode or not any(p.requires_grad for p in model.parameters()):
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
+                   hooks: list[Any]) -> nn.Module:
+        """The one-process model path, then torchft's ``DistributedDataParallel`` around the model (inside a
+        group of several processes, their average first), and the hook that takes the step's quorum before
+        its first training forward."""
+        model = SingleDeviceStrategy.wrap_model(self, model, device_placement, evaluation_mode, hooks=hooks)
+        if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
             return model
         options = {k: v for k, v in self.options.ddp_kwargs().items() if k != "find_unused_parameters"}
         if world_size() > 1:

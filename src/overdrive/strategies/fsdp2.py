@@ -1,7 +1,7 @@
 """Sharded and model-parallel training: FSDP2 (``fully_shard``), HSDP, tensor and context parallel.
 
-The model goes through the model path (``transforms.path``), whose last step here is ``fully_shard``
-over the job's mesh. ``fully_shard`` and tensor parallel replace parameters with DTensor parameters, so an
+The model goes through FSDP2's model path (``FSDP2Strategy.wrap_model``), whose last step is
+``fully_shard`` over the job's mesh. ``fully_shard`` and tensor parallel replace parameters with DTensor parameters, so an
 optimizer built on the original parameters is pointed at the new ones (``prepare_optimizer``). Precision is
 FSDP2's ``MixedPrecisionPolicy`` when parameters are sharded, and autocast hooks otherwise (tensor parallel
 only, or one process). With ``cpu_ram_efficient_loading`` only rank 0 holds real weights: the model is
@@ -14,18 +14,28 @@ import contextlib
 import logging
 import math
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
 
 from overdrive.config import DistributedType
 from overdrive.resolve import FSDP2Settings
 from overdrive.runtime import group as process_group
 from overdrive.runtime.torch_private import REDISTRIBUTE_LOGGER
 from overdrive.strategies.base import StrategyBase, StrategyContext
-from overdrive.transforms.path import ModelPath, PathStep, refuse_meta, skip
+from overdrive.transforms.fully_shard import (
+    apply_fully_shard,
+    broadcast_module_states,
+    fully_shard_settings,
+    load_from_rank0,
+    non_persistent_buffers,
+)
+from overdrive.transforms.path import Replaced, apply_placement, apply_precision_hooks, refuse_meta
 
 _META_REMEDY = (", or let rank 0 hold the weights and pass FullyShardedDataParallelPlugin("
                 "cpu_ram_efficient_loading=True) with data-parallel sharding")
@@ -58,70 +68,52 @@ class FSDP2Strategy(StrategyBase):
         return self.mesh.fsdp_mesh() is not None
 
     # -- the model ---------------------------------------------------------------------------------
-    def path_overrides(self) -> Mapping[str, PathStep]:
-        """The model path's steps FSDP2 replaces:
-
-        - ``placement``: always on the device (``fully_shard`` needs the parameters there), then made equal
-          on every rank (``sync_module_states``); with ``cpu_ram_efficient_loading`` instead: rank 0's
-          weights kept aside and the model moved to the meta device (rank-0 loading);
-        - ``precision_hooks`` when parameters are sharded: none, FSDP2's ``MixedPrecisionPolicy`` casts;
-        - ``fp8`` under rank-0 loading: none (float8 weights cannot be on the meta device);
-        - ``parallelize``: which module holds each parameter is recorded first, so that optimizers can be
-          pointed at what tensor parallel and ``fully_shard`` put there;
-        - ``data_parallel``: ``fully_shard`` over the mesh (in evaluation mode too), then under rank-0
-          loading the weights sent from rank 0."""
-        if not self._loads_from_rank0:
-            overrides: dict[str, PathStep] = {"placement": self._place, "parallelize": self._record_then_parallelize}
-            if self.shards_parameters:
-                overrides.update(precision_hooks=skip, data_parallel=_fully_shard)
-            return overrides
-        kept: list[dict[str, torch.Tensor]] = []  # rank 0's full weights and non-persistent buffers
-
-        def placement(path: ModelPath, model: nn.Module) -> nn.Module:
-            kept.extend(self._to_meta_keeping_rank0_weights(model))
-            return model.to("meta")
-
-        def data_parallel(path: ModelPath, model: nn.Module) -> nn.Module:
-            from overdrive.transforms.fully_shard import load_from_rank0
-
-            full, extra = kept if kept else ({}, {})
-            model = path.fully_shard(model)
-            load_from_rank0(model, full, extra, self.device)
-            return model
-
-        return {"placement": placement, "precision_hooks": skip, "fp8": skip, "data_parallel": data_parallel}
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
+                   hooks: list[Any]) -> nn.Module:
+        """FSDP2's model path (in evaluation mode too). The model is placed whatever ``device_placement`` says
+        (``fully_shard`` needs it on the device), made equal on every rank (``sync_module_states``); with
+        ``cpu_ram_efficient_loading`` instead rank 0's weights are kept aside, the model sharded on the meta
+        device, then filled from rank 0. Which module holds each parameter is recorded before tensor parallel
+        and ``fully_shard`` replace them, so that optimizers can be pointed at the new ones."""
+        transforms, sharded, from_rank0 = self.context.transforms, self.shards_parameters, self._loads_from_rank0
+        full: dict[str, torch.Tensor] = {}  # rank 0's weights and non-persistent buffers, under rank-0 loading
+        buffers: dict[str, torch.Tensor] = {}
+        if from_rank0:
+            full, buffers = self._keep_rank0_weights(model)
+            model = model.to("meta")
+        else:
+            model = apply_placement(model, self.device, self.meta_remedy)
+            if self.fsdp.sync_module_states and self.mesh.dims.world_size > 1:
+                broadcast_module_states(model)
+        if not sharded:  # sharded, FSDP2's MixedPrecisionPolicy casts instead
+            hooks += apply_precision_hooks(model, self.context.precision)
+        replaced: Replaced = {}
+        if transforms.fp8 is not None and not from_rank0:  # torchao's float8 weights cannot be on meta
+            replaced = self.apply_fp8(model)
+        self._record_owners(model, replaced)
+        blocks = self.apply_model_transforms(model, find_blocks=True)
+        if sharded:
+            apply_fully_shard(model, self.mesh.fsdp_mesh(), fully_shard_settings(model, transforms, blocks))
+        if from_rank0:
+            load_from_rank0(model, full, buffers, self.device)
+        return model
 
     @property
     def _loads_from_rank0(self) -> bool:
         return self.fsdp.cpu_ram_efficient_loading and self.shards_parameters
 
-    def model_path(self, device_placement: bool = True, evaluation_mode: bool = False) -> ModelPath:
-        """The model path with FSDP2's overrides (see :meth:`path_overrides`); the model is placed whatever
-        ``device_placement`` says (``fully_shard`` needs it on the device), except under rank-0 loading."""
-        return super().model_path(not self._loads_from_rank0, evaluation_mode)
+    def places_model(self, device_placement: bool) -> bool:
+        """Always, except under rank-0 loading (see :meth:`wrap_model`)."""
+        return not self._loads_from_rank0
 
-    def _place(self, path: ModelPath, model: nn.Module) -> nn.Module:
-        model = path.move(model)
-        if self.fsdp.sync_module_states and self.mesh.dims.world_size > 1:
-            from overdrive.transforms.fully_shard import broadcast_module_states
-
-            broadcast_module_states(model)
-        return model
-
-    def _to_meta_keeping_rank0_weights(self, model: nn.Module) -> list[dict[str, torch.Tensor]]:
+    def _keep_rank0_weights(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Record the parameters' owners; on rank 0 return its full weights and non-persistent buffers (the
-        other ranks may hold the model on the meta device)."""
-        from overdrive.transforms.fully_shard import non_persistent_buffers
-
+        other ranks may hold the model on the meta device: nothing)."""
         self._record_owners(model)
         if process_group.rank() != 0:
-            return []
+            return {}, {}
         refuse_meta(model, " (cpu_ram_efficient_loading: rank 0 must hold the real weights)")
-        return [model.state_dict(), non_persistent_buffers(model)]
-
-    def _record_then_parallelize(self, path: ModelPath, model: nn.Module) -> nn.Module:
-        self._record_owners(model, path.replaced)
-        return path.parallelize(model)
+        return model.state_dict(), non_persistent_buffers(model)
 
     def _record_owners(self, model: nn.Module, replaced: dict[int, Any] | None = None) -> None:
         """Remember which module attribute holds each parameter, so that an optimizer built on them can be
@@ -167,8 +159,6 @@ class FSDP2Strategy(StrategyBase):
 
     @contextlib.contextmanager
     def _gradient_sync(self, model: nn.Module, value: bool) -> Iterator[None]:
-        from torch.distributed.fsdp import FSDPModule
-
         if not isinstance(model, FSDPModule):
             yield  # tensor parallel alone: every gradient is complete after backward
             return
@@ -181,9 +171,7 @@ class FSDP2Strategy(StrategyBase):
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float) -> torch.Tensor:
         """Clip by the norm of every gradient, sharded or not, on whatever mesh it lives."""
-        from torch.distributed.tensor.experimental import implicit_replication
-
-        groups = _by_mesh([p for p in parameters if p.grad is not None])
+        groups = by_mesh([p for p in parameters if p.grad is not None])
         total = total_grad_norm([g for group in groups for g in _grads(group)], norm_type)
         with implicit_replication():  # the plain total norm scales DTensor gradients as a replicated scalar
             for group in groups:  # one mesh per call: torch's foreach cannot mix meshes
@@ -196,12 +184,10 @@ def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _mesh_key(tensor: torch.Tensor) -> Any:
-    from torch.distributed.tensor import DTensor
-
     return (tensor.device_mesh, tuple(tensor.placements)) if isinstance(tensor, DTensor) else None
 
 
-def _by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+def by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     """``tensors`` grouped by (mesh, placements) of their gradients; plain tensors form one group."""
     groups: dict[Any, list[torch.Tensor]] = {}
     for tensor in tensors:
@@ -211,9 +197,9 @@ def _by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 @contextlib.contextmanager
 def _quiet_redistribute() -> Iterator[None]:
-    """Without DTensor's warning that a norm partial over a 2-D mesh takes two sequential all-reduces: each
-    rank printed 400 characters of it on every clip, and the user cannot act on it (the reductions are
-    exact: sums of powers, then the root)."""
+    """Without DTensor's warning that a norm partial over a 2-D mesh takes two sequential all-reduces: every
+    rank would print it on every clip, and the user cannot act on it (the reductions are exact: sums of
+    powers, then the root)."""
     log = logging.getLogger(REDISTRIBUTE_LOGGER)
     level = log.level
     log.setLevel(logging.ERROR)
@@ -230,11 +216,9 @@ def total_grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor
     on the data-parallel mesh only); each group's norm is reduced over its mesh, then the groups are
     combined. Plain gradients are complete on every process and count as they are.
     """
-    from torch.distributed.tensor import DTensor
-
     norm_type = float(norm_type)
     norms = []
-    for group in _by_mesh(grads):
+    for group in by_mesh(grads):
         with _quiet_redistribute():  # stacking the per-tensor norm partials redistributes them too
             norm = torch.nn.utils.get_total_norm(group, norm_type)
             norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
@@ -246,6 +230,3 @@ def total_grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor
         return torch.stack(norms).max()
     return torch.stack(norms).pow(norm_type).sum().pow(1.0 / norm_type)
 
-
-def _fully_shard(path: ModelPath, model: nn.Module) -> nn.Module:
-    return path.fully_shard(model)

@@ -17,6 +17,7 @@ def initialize_model_parallel(plugin: Any) -> Any:
     problem = megatron_core_problem()
     if problem:
         raise ImportError(problem)
+    # lazy: optional dependency
     from megatron.core import parallel_state  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     if not parallel_state.model_parallel_is_initialized():

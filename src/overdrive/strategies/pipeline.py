@@ -15,13 +15,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor.experimental import implicit_replication
 
 from overdrive.config import DistributedType
 from overdrive.resolve import PipelineStrategySettings
 from overdrive.strategies.base import StrategyBase, StrategyContext, create_strategy
-from overdrive.transforms.path import ModelPath
+from overdrive.strategies.fsdp2 import by_mesh, total_grad_norm
+from overdrive.transforms.path import apply_placement
 from overdrive.transforms.pipeline.model import PipelinedModel, apply_pipeline
 from overdrive.transforms.pipeline.schedule import PipelineRuntime
+from overdrive.transforms.pipeline.ties import broadcast_stage, counted_elsewhere
 
 
 class PipelineStrategy(StrategyBase):
@@ -62,37 +65,28 @@ class PipelineStrategy(StrategyBase):
         return self.stage_strategy.distributed_type
 
     # -- the model ---------------------------------------------------------------------------------
-    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
-        """Cut ``model`` into stages; each of this rank's stages goes through the stage strategy's model path
-        with the pipeline's placement in front (:meth:`stage_path`)."""
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
+                   hooks: list[Any]) -> nn.Module:
+        """Cut ``model`` into stages; each of this rank's stages goes through :meth:`wrap_stage`."""
         self._cut |= {id(p) for p in model.parameters()}
         settings = dataclasses.replace(self.runtime)  # each model its own cut and tied weights
-        pipelined = apply_pipeline(model, settings,
-                                   lambda stage: self.stage_path(settings, device_placement, evaluation_mode).run(stage))
+        pipelined = apply_pipeline(model, settings, lambda stage: self.wrap_stage(
+            stage, settings, device_placement, evaluation_mode, hooks=hooks))
         self._models.append(pipelined)
         return pipelined
 
-    def stage_path(self, settings: PipelineRuntime, device_placement: bool = True,
-                   evaluation_mode: bool = False) -> ModelPath:
-        """The stage strategy's model path for one stage of this rank, its ``placement`` overridden: the stage
-        alone on the device (the rest of the model stays where it was built; as it is with
-        ``device_placement=False``), made equal over the processes holding it (tied weights over their stages,
-        ``sync_module_states``), then the stage strategy's own placement."""
-        path = self.stage_strategy.model_path(device_placement, evaluation_mode)
-        stage_placement = path.step("placement")
-
-        def placement(path: ModelPath, stage: nn.Module) -> nn.Module:
-            self._mine |= {id(p) for p in stage.parameters()}
-            stage = path.placement(stage)
-            if self.sync_module_states:
-                from overdrive.transforms.pipeline.ties import broadcast_stage
-
-                stage_group = self.mesh.get("dp_cp_tp")
-                broadcast_stage(stage, stage_group.get_group() if stage_group is not None else None, settings.ties)
-            return stage_placement(stage)
-
-        path.override("placement", placement)
-        return path
+    def wrap_stage(self, stage: nn.Module, settings: PipelineRuntime, device_placement: bool = True,
+                   evaluation_mode: bool = False, *, hooks: list[Any]) -> nn.Module:
+        """One stage of this rank: alone on the device (the rest of the model stays where it was built; as it
+        is when the stage strategy does not place it), made equal over the processes holding it (tied weights
+        over their stages, ``sync_module_states``), then the stage strategy's model path."""
+        self._mine |= {id(p) for p in stage.parameters()}
+        if self.stage_strategy.places_model(device_placement):
+            stage = apply_placement(stage, self.device, self.stage_strategy.meta_remedy)
+        if self.sync_module_states:
+            stage_group = self.mesh.get("dp_cp_tp")
+            broadcast_stage(stage, stage_group.get_group() if stage_group is not None else None, settings.ties)
+        return self.stage_strategy.wrap_model(stage, device_placement, evaluation_mode, hooks=hooks)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's model class holding this rank's (first) stage."""
@@ -109,12 +103,7 @@ class PipelineStrategy(StrategyBase):
                         norm_type: float) -> torch.Tensor:
         """Clip by the norm of the whole model's gradient: this rank's stages' norm (reduced over their
         data- and tensor-parallel peers), combined over the pipeline ranks."""
-        from torch.distributed.tensor.experimental import implicit_replication
-
-        from overdrive.strategies.fsdp2 import _by_mesh, total_grad_norm
-        from overdrive.transforms.pipeline.ties import counted_elsewhere
-
-        groups = _by_mesh([p for p in parameters if p.grad is not None])
+        groups = by_mesh([p for p in parameters if p.grad is not None])
         again = {i for m in self._models for i in counted_elsewhere(m, m.settings.ties, m.settings.pp_rank)}
         local = total_grad_norm([grad for group in groups for p in group
                                  if id(p) not in again and (grad := p.grad) is not None], norm_type)

@@ -76,7 +76,7 @@ class TrainingState:
     Every piece is public and ``Stateful`` or plain: the prepared objects, the accumulation window
     (step and window counters), the run's project configuration (``iteration`` counts saves; the run's own,
     mutable: save_state advances it), the loss scaler, the strategy's engine checkpoint (DeepSpeed:
-    ``Strategy.engine_checkpoint``, None for most strategies) for the objects the engine saves itself, and
+    ``StrategyBase.engine_checkpoint``, None for most strategies) for the objects the engine saves itself, and
     ``unwrap_model``: the user's module inside a prepared one (save hooks see the unwrapped state dicts).
     """
 

@@ -56,8 +56,9 @@ def context_parallel_region(cp_mesh: Any, buffers: Iterable[torch.Tensor] | None
     if cp_mesh is None:
         yield
         return
+    # lazy: the resolver reads this module's checks at every start; DTensor's context parallel loads only here
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # lazy: as above
 
     buffers = list(buffers or [])
     dims = list(buffer_seq_dims) if buffer_seq_dims is not None else [1] * len(buffers)

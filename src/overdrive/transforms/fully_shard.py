@@ -12,11 +12,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.config.choices import invalid_choice
 from overdrive.precision import PrecisionPolicy
 from overdrive.runtime import group
+from overdrive.transforms.settings import ModelTransforms
 
 #: policy(name, module, numel of its parameters not yet in a group) -> give it its own fully_shard group
 WrapPolicy = Callable[[str, nn.Module, int], bool]
@@ -43,8 +46,6 @@ def mixed_precision_policy(plugin: FullyShardedDataParallelPlugin, precision: Pr
     Parameters are gathered in the compute dtype and gradients reduced in the policy's reduce dtype
     (fp32): one policy replaces autocast. The root module returns fp32 outputs, as autocast would.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     given = plugin.mixed_precision_policy
     if isinstance(given, MixedPrecisionPolicy):
         return given
@@ -73,8 +74,6 @@ def _dtype(value: Any) -> torch.dtype | None:
 
 def offload_policy(plugin: FullyShardedDataParallelPlugin) -> Any:
     """``CPUOffloadPolicy`` when ``cpu_offload`` asks for it (pinned memory only with an accelerator)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-
     value = plugin.cpu_offload
     if isinstance(value, OffloadPolicy):
         return value
@@ -130,10 +129,17 @@ def ignored_parameters(plugin: FullyShardedDataParallelPlugin, model: nn.Module)
     return {p for m in modules for p in m.parameters()}
 
 
+def fully_shard_settings(model: nn.Module, transforms: ModelTransforms, blocks: list[nn.Module]) -> FullyShardSettings:
+    """The plan's FSDP plugin and precision translated for ``model`` (whose ``blocks`` the wrap policy may pick)."""
+    fsdp, precision = transforms.fsdp, transforms.precision
+    return FullyShardSettings(
+        reshard_after_forward=fsdp.reshard, mp_policy=mixed_precision_policy(fsdp, precision),
+        root_mp_policy=mixed_precision_policy(fsdp, precision, root=True), offload_policy=offload_policy(fsdp),
+        wrap=wrap_policy(fsdp, model, blocks), ignored_params=ignored_parameters(fsdp, model))
+
+
 def apply_fully_shard(model: nn.Module, mesh: Any, settings: FullyShardSettings) -> None:
     """``fully_shard`` the modules the wrap policy picks (children before parents), then the root."""
-    from torch.distributed.fsdp import fully_shard
-
     claimed = set(settings.ignored_params)
     common = dict(mesh=mesh, offload_policy=settings.offload_policy, ignored_params=settings.ignored_params or None)
     for name, module in reversed(list(model.named_modules())):
@@ -178,8 +184,6 @@ def load_from_rank0(model: nn.Module, full_state: dict[str, torch.Tensor], extra
     Every process allocates only its shards (``to_empty``); ``set_model_state_dict`` broadcasts rank 0's
     tensors and each process keeps its slice. Buffers outside the state dict come from rank 0 too.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     model.to_empty(device=device)
     state: dict[str, Any] = full_state  # torch declares dict[str, ValueType], invariant in the value type
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

@@ -26,6 +26,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from overdrive.config.choices import invalid_choice
 from overdrive.transforms.blocks import find_blocks
@@ -286,9 +293,6 @@ def _fused_projections(model: nn.Module) -> set[str]:
 
 # -- applying a plan ------------------------------------------------------------------------------------
 def _styles() -> dict[str, Callable[[bool], Any]]:
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
-
     class Colwise(ColwiseParallel):
         """ColwiseParallel that also splits transformers' Conv1D (weight stored as (in, out))."""
 
@@ -318,8 +322,6 @@ def _styles() -> dict[str, Callable[[bool], Any]]:
 
 
 def _distribute(style: Any, module: nn.Module, mesh: Any, placements: dict[str, Any]) -> nn.Module:
-    from torch.distributed.tensor import distribute_module, distribute_tensor
-
     def partition(name: str, mod: nn.Module, device_mesh: Any) -> None:
         if mod is not module:
             return
@@ -333,10 +335,16 @@ def _distribute(style: Any, module: nn.Module, mesh: Any, placements: dict[str, 
                              partial(style._prepare_output_fn, style.output_layouts, style.use_local_output))
 
 
+def tensor_parallel_plan(model: nn.Module, tp_size: int, tp_plan: dict[str, str] | None = None,
+                         sequence_parallel: bool = False) -> TensorParallelPlan:
+    """The plan for ``model``: from the user's ``tp_plan`` patterns if given, else the matched blocks."""
+    if tp_plan:
+        return plan_from_patterns(model, tp_plan, sequence_parallel, tp_size)
+    return match_blocks(model, tp_size, sequence_parallel)
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, plan: TensorParallelPlan) -> None:
     """Shard ``model`` in place over the 1-D ``tp_mesh`` following ``plan``."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
     makers = _styles()
     styles = {name: makers[style](plan.sequence_parallel) for name, style in plan.styles.items() if style in makers}
     if styles:
@@ -364,8 +372,6 @@ def _divide_heads(module: nn.Module, size: int, name: str) -> None:
 def _bound_sequence_parallel(first: nn.Module, last: nn.Module, mesh: Any) -> None:
     """Blocks pass sequence-sharded DTensors to each other: shard the first block's input (a local slice,
     no communication) and gather the last block's output back to a plain tensor."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
     def shard(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         def split(t: Any) -> Any:
             if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,7 +46,6 @@ from overdrive.strategies.deepspeed.objects import (
 )
 from overdrive.strategies.deepspeed.settle import DeepSpeedSettings, engine_config
 from overdrive.training.optimizer import AcceleratedOptimizer
-from overdrive.transforms.path import PathStep, skip
 
 if TYPE_CHECKING:
     from overdrive.precision.amp import AmpPrecision
@@ -67,6 +66,8 @@ class DeepSpeedStrategy(StrategyBase):
         self.engine_checkpoint = EngineCheckpoint()
         self._engines: list[weakref.ref] = []
         self._trained: weakref.ref | None = None
+        #: the handles of each engine's casts, from building it until ``wrap_model`` hands them over
+        self._hooks: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
         self._batch_sizes: list[int] = []
         self._norm: torch.Tensor | None = None
 
@@ -76,12 +77,6 @@ class DeepSpeedStrategy(StrategyBase):
         return DistributedType.DEEPSPEED
 
     # -- building engines --------------------------------------------------------------------------
-    def path_overrides(self) -> Mapping[str, PathStep]:
-        """The engine places the model, runs its precision (its bf16 / fp16 block; fp8 is not run) and its
-        data parallelism (ZeRO): of the model path, only ``parallelize``, ``activation_checkpointing``,
-        ``compile`` and the steps added with ``register_step`` run, before the engine is built."""
-        return {"placement": skip, "precision_hooks": skip, "fp8": skip, "data_parallel": skip}
-
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """Build the engine for the model, optimizer and scheduler among ``objects`` (one of each at most);
         return ``objects`` with the engine, its optimizer and its scheduler in their places."""
@@ -123,7 +118,7 @@ class DeepSpeedStrategy(StrategyBase):
         size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
         if isinstance(size, int) and size > 0:
             if self.settings.split_batches:
-                size = max(1, size // _world_size())
+                size = max(1, size // world_size())
             self._batch_sizes.append(size)
 
     def _build(self, model: nn.Module, optimizer: Any, scheduler: Any) -> tuple[Any, Any, Any]:
@@ -137,22 +132,30 @@ class DeepSpeedStrategy(StrategyBase):
         training = optimizer is not None or "optimizer" in plugin.deepspeed_config
         config = engine_config(
             plugin, mixed_precision=self.settings.mixed_precision, accumulation_steps=self.settings.accumulation_steps,
-            micro_batch=self._micro_batch(plugin), world_size=_world_size(), optimizer_values=optimizer_values,
+            micro_batch=self._micro_batch(plugin), world_size=world_size(), optimizer_values=optimizer_values,
             scheduler_values=scheduler_values, hidden_size=_hidden_size(model), cpu=self.device.type == "cpu",
             client_optimizer=client_optimizer is not None, training=training, problems=problems)
         if problems:
             raise ValueError("cannot build the DeepSpeed engine:\n  - " + "\n  - ".join(problems))
         self._ready()
-        # the model path's transforms (activation checkpointing, compile), the same as under every strategy;
-        # the engine does the rest of the path (placement, precision, data parallelism): path_overrides
-        model = self.model_path().run(model)
-        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
-            model=model, optimizer=client_optimizer, model_parameters=parameters, lr_scheduler=client_scheduler,
-            config=config, dist_init_required=False)
-        self.context.hooks.add(_cast_io(engine, config))
+        engine, ds_optimizer, ds_scheduler = self._model_path(model, client_optimizer, parameters, client_scheduler,
+                                                              config, deepspeed)
         self._engines.append(weakref.ref(engine))
         if training:  # (a ZeRO-3 engine without an optimizer has a stand-in one)
             self._trained = weakref.ref(engine)
+        return engine, ds_optimizer, ds_scheduler
+
+    def _model_path(self, model: nn.Module, optimizer: Any, parameters: Any, scheduler: Any,
+                    config: dict[str, Any], deepspeed: Any) -> tuple[Any, Any, Any]:
+        """DeepSpeed's model path: the transforms every strategy shares (tensor parallel, activation
+        checkpointing, compile), then the engine, which places the model, runs its precision (its bf16 / fp16
+        block; no fp8) and its data parallelism (ZeRO); the engine's input / output casts are recorded for
+        :meth:`wrap_model` to hand over."""
+        self.apply_model_transforms(model)
+        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, model_parameters=parameters, lr_scheduler=scheduler, config=config,
+            dist_init_required=False)
+        self._hooks[engine] = _cast_io(engine, config)
         return engine, ds_optimizer, ds_scheduler
 
     def _micro_batch(self, plugin: Any) -> int | None:
@@ -176,11 +179,12 @@ class DeepSpeedStrategy(StrategyBase):
 
                 set_accelerator(CPU_Accelerator())
 
-    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> nn.Module:
-        """An engine for ``model`` alone (inference), or ``model`` if ``prepare_together`` built it."""
-        if is_engine(model):
-            return model
-        engine, _, _ = self._build(model, None, None)  # prepare_model(model) on its own: an engine for inference
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
+                   hooks: list[Any]) -> nn.Module:
+        """An engine for ``model`` alone (inference), or ``model`` if ``prepare_together`` built it; the handles
+        of the engine's casts go to ``hooks``."""
+        engine = model if is_engine(model) else self._build(model, None, None)[0]
+        hooks += self._hooks.pop(engine, [])
         return engine
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
@@ -215,9 +219,6 @@ class DeepSpeedStrategy(StrategyBase):
         norm = self._norm if norm is None else norm
         return torch.as_tensor(float("nan") if norm is None else norm, dtype=torch.float32)
 
-
-def _world_size() -> int:
-    return world_size()
 
 
 def _plain_optimizer(obj: Any) -> bool:
@@ -270,7 +271,7 @@ def _scheduler_parts(plugin: Any, scheduler: Any, lr: float | None, split_batche
                         "\"scheduler\" block; add one, or give DummyScheduler(lr_scheduler_callable=...)")
     total = scheduler.total_num_steps
     if total is not None and not split_batches:
-        total = math.ceil(total / _world_size())  # its steps count one-process batches
+        total = math.ceil(total / world_size())  # its steps count one-process batches
     return build, {"warmup_min_lr": 0, "warmup_max_lr": lr, "warmup_num_steps": scheduler.warmup_num_steps,
                    "total_num_steps": total, **scheduler.kwargs}
 

@@ -28,6 +28,10 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.microbatch import TensorChunkSpec
+from torch.distributed.pipelining.schedules import get_schedule_class
 
 from overdrive.runtime import group
 from overdrive.runtime.torch_private import (
@@ -38,7 +42,13 @@ from overdrive.runtime.torch_private import (
 )
 from overdrive.transforms.pipeline import schedule as schedules
 from overdrive.transforms.pipeline.schedule import PipelineRuntime
-from overdrive.transforms.pipeline.split import StageLayout, build_stage_model, plan_stages, stage_blocks
+from overdrive.transforms.pipeline.split import (
+    StageLayout,
+    build_stage_model,
+    plan_stages,
+    shallow_copy,
+    stage_blocks,
+)
 from overdrive.transforms.pipeline.ties import find_tied_parameters, place_ties, summed_tied_gradients
 
 #: the one keyword the model's inputs travel under through torch's schedule (split per micro-batch)
@@ -322,8 +332,6 @@ class PipelinedModel(nn.Module):
     # -- whole-model views -------------------------------------------------------------------------
     def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every stage's full weights on the CPU, gathered on global rank 0 (empty elsewhere); a collective."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         local: dict[str, torch.Tensor] = {}
         for stage in self.stage_modules:
             state = get_model_state_dict(stage, options=StateDictOptions(full_state_dict=True))
@@ -345,10 +353,6 @@ def _batch_size(tree: Any) -> int:
 
 
 def _build_schedule(model: PipelinedModel, args: tuple, kwargs: dict, train: bool) -> Any:
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.microbatch import TensorChunkSpec
-    from torch.distributed.pipelining.schedules import get_schedule_class
-
     s = model.settings
     batch = _batch_size((args, kwargs))
     chunk = {INPUTS: tree_map(lambda t: TensorChunkSpec(0) if isinstance(t, torch.Tensor) and t.ndim and
@@ -383,8 +387,6 @@ def merged_view(models: list[nn.Module]) -> nn.Module:
     holders = [m for m in models if any(True for _ in m.parameters())]
     if len({id(m) for m in holders}) <= 1:
         return holders[0] if holders else first
-    from overdrive.transforms.pipeline.split import shallow_copy
-
     view = shallow_copy(first)
     own = [m for m in holders if any(True for _ in m.parameters(recurse=False))]
     if own:

@@ -12,6 +12,7 @@ The schedules are ``torch.distributed.pipelining``'s. Two families:
 from __future__ import annotations
 
 import contextlib
+from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -97,8 +98,6 @@ def one_f_one_b_order(num_ranks: int, num_microbatches: int) -> dict[int, list[A
     """The 1F1B action list (warm-up forwards, alternating forward and backward, cool-down backwards).
     torch's own list for 1F1B (``pipeline_order``, drawn for visualisation) skips the first forward of the
     last rank, so it cannot be simulated; this is the order the schedule runs."""
-    from collections import namedtuple
-
     step = namedtuple("step", "stage_index computation_type microbatch_index")
     order = {}
     for rank in range(num_ranks):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from overdrive.runtime import group as process_group
 from overdrive.transforms.pipeline.schedule import stage_to_rank
@@ -78,8 +79,6 @@ def _group(ranks: tuple[int, ...], pp_size: int, mesh: Any) -> Any:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
     return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
 
 
