@@ -8,7 +8,8 @@ What it counts:
 - modules that use private torch API: an attribute or import below ``torch`` whose name starts with one
   underscore, or a module's private call machinery (``_compiled_call_impl``, ``_call_impl``);
 - imports inside functions, and those of them without a reason: a function-level import states why it is not
-  at the top with a comment holding ``lazy:`` on its line or the line above (``# lazy: optional dependency``);
+  at the top with a comment holding ``lazy:`` on its lines or just above it, where one comment may give the
+  reason for a group of imports (``# lazy: optional dependency``);
 - functions over 80 lines.
 """
 
@@ -75,10 +76,22 @@ def _private_uses(tree: ast.Module) -> list[str]:
     return uses
 
 
-def _has_reason(lines: list[str], lineno: int) -> bool:
-    here = lines[lineno - 1]
-    above = lines[lineno - 2] if lineno >= 2 else ""
-    return "lazy:" in here or ("lazy:" in above and above.strip().startswith("#"))
+def _has_reason(lines: list[str], node: ast.Import | ast.ImportFrom) -> bool:
+    """A ``lazy:`` comment on the import's own lines, or in the comments and imports just above it (one
+    comment may give the reason for a group of imports)."""
+    end = node.end_lineno or node.lineno
+    if any("lazy:" in line for line in lines[node.lineno - 1:end]):
+        return True
+    index = node.lineno - 2
+    while index >= 0:
+        line = lines[index].strip()
+        if line.startswith("#"):
+            if "lazy:" in line:
+                return True
+        elif not (line.startswith(("import ", "from ")) or line in (")", "") or line.endswith(",")):
+            return False
+        index -= 1
+    return False
 
 
 def count(source: Path = SOURCE) -> Counts:
@@ -108,7 +121,7 @@ def count(source: Path = SOURCE) -> Counts:
                     if place in counts.function_imports:
                         continue  # a nested function's import is seen from each enclosing function
                     counts.function_imports.append(place)
-                    if not _has_reason(lines, inner.lineno):
+                    if not _has_reason(lines, inner):
                         counts.unexplained_imports.append(place)
     return counts
 

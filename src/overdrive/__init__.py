@@ -76,6 +76,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 def _compat_names() -> dict[str, str]:
     """Accelerate's other top-level names (``overdrive.compat.table``), loaded only when asked for."""
+    # lazy: import overdrive loads no table until a name is asked for
     from overdrive.compat.table import NAMES
 
     return NAMES["overdrive"]
