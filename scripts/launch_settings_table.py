@@ -1,5 +1,5 @@
-"""Rewrite the table of docs/launch_settings.md from the launch-settings schema (tests/config/
-test_launch_settings.py fails while the page is stale).
+"""Rewrite the table of docs/launch_settings.md from the launch-settings schema, launchers/settings.py
+(tests/launchers/test_settings.py fails while the page is stale).
 
     PYTHONPATH=src .venv/bin/python scripts/launch_settings_table.py
 """
