@@ -58,7 +58,7 @@ class AccelerateSurface:
         when there are several); with ``drop_refs``, their data pointers instead of the tensors."""
         from torch import nn
 
-        from overdrive.helpers.misc import extract_model_from_parallel
+        from overdrive.helpers.unwrap import extract_model_from_parallel
 
         models = [obj for obj in args if isinstance(obj, nn.Module)]
         named: dict[str, Any] = {}

@@ -54,7 +54,7 @@ def get_state_dict(model: nn.Module, unwrap: bool = True, engine: Any = None) ->
     if callable(gather):  # a pipelined model: the other stages' weights live on other processes
         return gather()
     if not _is_sharded(model):
-        from overdrive.helpers.misc import extract_model_from_parallel
+        from overdrive.helpers.unwrap import extract_model_from_parallel
 
         return extract_model_from_parallel(model, keep_torch_compile=False).state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -97,7 +97,7 @@ def update_command_parser(parser: Any, parents: Any = None) -> argparse.Argument
 
 def default_config_command(args: argparse.Namespace) -> None:
     """Write a config file for this machine (``overdrive config default``); print where."""
-    from overdrive.compat.other import write_basic_config
+    from overdrive.compat.model_helpers import write_basic_config
 
     path = write_basic_config(getattr(args, "mixed_precision", "no") or "no", getattr(args, "config_file", None))
     if path:
@@ -108,7 +108,7 @@ def update_config(args: argparse.Namespace) -> str:
     """Rewrite an existing config file with the current keys; returns its path. A missing file is
     ``ValueError`` naming it."""
     from overdrive.cli.config_cmd import run_update
-    from overdrive.compat.other import _default_config_file
+    from overdrive.compat.model_helpers import _default_config_file
 
     config_file = getattr(args, "config_file", None) or _default_config_file()
     if not Path(config_file).exists():
@@ -285,7 +285,7 @@ def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config: str 
 
 def _key_mapping() -> dict[str, Any]:
     from overdrive.cli.to_fsdp2_cmd import DROPPED
-    from overdrive.compat.kinds import ConversionStatus
+    from overdrive.compat.enums import ConversionStatus
 
     kept = ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_auto_wrap_policy", "fsdp_cpu_ram_efficient_loading",
             "fsdp_offload_params", "fsdp_state_dict_type", "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params",

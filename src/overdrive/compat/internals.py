@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from overdrive.compat.other import get_pretty_name, load, save
+from overdrive.compat.model_helpers import get_pretty_name, load, save
 from overdrive.helpers.logging import get_logger
 
 logger = get_logger("accelerate.checkpointing")
@@ -335,7 +335,7 @@ def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str] | Non
     import copy
 
     from overdrive.compat.cli_launch import prepare_multi_gpu_env
-    from overdrive.compat.other import get_free_port
+    from overdrive.compat.model_helpers import get_free_port
 
     if getattr(args, "main_process_port", None) == 0:
         args.main_process_port = get_free_port()

@@ -63,7 +63,7 @@ def _names(source: str, text: str) -> dict[str, str]:
 
 _C, _OPS, _REF = "overdrive.config", "overdrive.helpers.ops", "overdrive.compat.refusals"
 _IMP = "overdrive.helpers.imports"
-_OTHER, _ENV, _K = "overdrive.compat.other", "overdrive.helpers.environment", "overdrive.compat.constants"
+_OTHER, _ENV, _K = "overdrive.compat.model_helpers", "overdrive.helpers.environment", "overdrive.compat.constants"
 _CLI, _CMD = "overdrive.compat.cli_launch", "overdrive.compat.cli_commands"
 _SURF, _MOD = "overdrive.compat.surface", "overdrive.compat.cli_modules"
 _INT = "overdrive.compat.internals"
@@ -103,7 +103,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                      "PrecisionType ProfileKwargs ProjectConfiguration RNGType TorchTensorParallelPlugin "
                      "TorchDynamoPlugin AORecipeKwargs TERecipeKwargs TorchContextParallelConfig "
                      "DeepSpeedSequenceParallelConfig"),
-        **_names("overdrive.compat.kinds", "ComputeEnvironment CustomDtype DynamoBackend SageMakerDistributedType "
+        **_names("overdrive.compat.enums", "ComputeEnvironment CustomDtype DynamoBackend SageMakerDistributedType "
                                            "BaseEnum EnumWithContains FP8BackendType"),
         **_names(_SURF, "FP8Format AmaxComputeAlgorithm ProfilerActivity MODEL_CONFIGS_TO_MEGATRON_PARSERS"),
         "logger": f"{_SURF}:dataclasses_logger",
@@ -149,7 +149,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_names(_OTHER, "check_os_kernel clean_state_dict_for_safetensors convert_bytes get_module_children_bottom_up "
                          "get_pretty_name has_compiled_regions is_compiled_module is_port_in_use load merge_dicts "
                          "model_has_dtensor recursive_getattr save get_model_tp_size get_free_port"),
-        **_names("overdrive.helpers.misc", "extract_model_from_parallel wait_for_everyone"),
+        **_names("overdrive.helpers.unwrap", "extract_model_from_parallel wait_for_everyone"),
         **_names("overdrive.helpers.imports", "is_torch_distributed_available"),
         **_names("overdrive.compat.regions", "compile_regions compile_regions_deepspeed compile_regions_fsdp2 "
                                              "has_repeated_blocks is_repeated_blocks"),
@@ -162,7 +162,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                        "clear_environment convert_dict_to_env_variables get_cpu_distributed_information "
                        "get_current_device_type get_gpu_info get_int_from_env parse_choice_from_env "
                        "parse_flag_from_env purge_accelerate_environment set_numa_affinity str_to_bool"),
-        **_names("overdrive.helpers.misc", "patch_environment"),
+        **_names("overdrive.helpers.unwrap", "patch_environment"),
         **_names(_SURF, "CPUInformation get_driver_version override_numa_affinity"),
         "logger": f"{_SURF}:environment_logger",
     },
@@ -257,7 +257,7 @@ _UTILS: dict[str, str] = {
     **_names("overdrive.helpers.memory", "find_executable_batch_size release_memory clear_device_cache "
                                        "should_reduce_batch_size"),
     **_names("overdrive.helpers.random", "set_seed synchronize_rng_state synchronize_rng_states"),
-    **_names("overdrive.helpers.misc", "tqdm is_package_available"),
+    **_names("overdrive.helpers.unwrap", "tqdm is_package_available"),
     **_names(_OTHER, "write_basic_config is_peft_model get_grad_scaler get_mixed_precision_context_manager"),
     **_names("overdrive.data", "skip_first_batches"),
     **_names("overdrive.helpers.memory", "normalize_device get_accelerator_free_memory"),
@@ -328,8 +328,8 @@ NAMES: dict[str, dict[str, str]] = {
         **_names(_ENV, "check_cuda_p2p_ib_support convert_dict_to_env_variables str_to_bool get_int_from_env"),
         **_names(_IMP, "get_distributed_backend get_torch_accelerator_backend is_bf16_available "
                        "is_deepspeed_available is_rich_available is_sagemaker_available is_torch_xla_available"),
-        **_names("overdrive.helpers.misc", "patch_environment"),
-        **_names(_C, "DistributedType"), **_names("overdrive.compat.kinds", "ComputeEnvironment"),
+        **_names("overdrive.helpers.unwrap", "patch_environment"),
+        **_names(_C, "DistributedType"), **_names("overdrive.compat.enums", "ComputeEnvironment"),
         **_names(_OTHER, "default_config_file load_config_from_file"),
         **_names(_CMD, "SageMakerConfig"), **_names(_MOD, "DYNAMO_BACKENDS CustomArgumentParser")},
     "overdrive.commands.merge": {**_names(_MOD, "merge_command merge_command_parser"),
@@ -345,7 +345,7 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.commands.to_fsdp2": {
         **_names(_CMD, "to_fsdp2_command_parser to_fsdp2_command convert_config_to_fsdp2"),
         **_names(_MOD, "ARGUMENT_KEY_MAPPING ARGUMENT_VALUE_MAPPING"), **_names(_CMD, "load_config"),
-        **_names("overdrive.compat.kinds", "ConversionStatus"), "logger": f"{_SURF}:to_fsdp2_logger"},
+        **_names("overdrive.compat.enums", "ConversionStatus"), "logger": f"{_SURF}:to_fsdp2_logger"},
     "overdrive.commands.tpu": {**_names(_CMD, "tpu_command_parser tpu_command_launcher"), "main": f"{_MOD}:tpu_main"},
     "overdrive.commands.config.default": {
         **_names(_OTHER, "write_basic_config"),

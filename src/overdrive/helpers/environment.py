@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from overdrive.helpers.misc import patch_environment
+from overdrive.helpers.unwrap import patch_environment
 
 __all__ = ["str_to_bool", "get_int_from_env", "parse_flag_from_env", "parse_choice_from_env",
            "are_libraries_initialized", "get_current_device_type", "get_gpu_info", "check_cuda_p2p_ib_support",

@@ -125,11 +125,11 @@ _BUILTIN: dict[str, str] = {
     "mlflow": "overdrive.tracking.mlflow:MLflowTracker",
     "wandb": "overdrive.tracking.wandb:WandBTracker",
     "aim": "overdrive.tracking.aim:AimTracker",
-    "comet_ml": "overdrive.tracking.more:CometMLTracker",
-    "clearml": "overdrive.tracking.more:ClearMLTracker",
-    "dvclive": "overdrive.tracking.more:DVCLiveTracker",
-    "trackio": "overdrive.tracking.more:TrackioTracker",
-    "swanlab": "overdrive.tracking.more:SwanLabTracker",
+    "comet_ml": "overdrive.tracking.library_runs:CometMLTracker",
+    "clearml": "overdrive.tracking.library_runs:ClearMLTracker",
+    "dvclive": "overdrive.tracking.library_runs:DVCLiveTracker",
+    "trackio": "overdrive.tracking.library_runs:TrackioTracker",
+    "swanlab": "overdrive.tracking.library_runs:SwanLabTracker",
 }
 _REGISTRY: dict[str, type[GeneralTracker] | str] = dict(_BUILTIN)
 DEFAULT_TRACKER = "jsonl"
