@@ -257,7 +257,7 @@ def multi_gpu_launcher(args: argparse.Namespace) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from overdrive.helpers.unwrap import patch_environment
+    from overdrive.helpers.environment import patch_environment
 
     env = _served().prepare_multi_gpu_env(args)
     quiet = bool(getattr(args, "quiet", False))
@@ -386,7 +386,7 @@ def _mpirun_args(args: argparse.Namespace) -> list[str]:
 def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     """Accelerate's ``prepare_multi_gpu_env``: the workers' environment for ``args``; like Accelerate it fills
     torchrun's fields on ``args`` (``master_port`` a free port when ``main_process_port`` is 0)."""
-    from overdrive.compat.model_helpers import get_free_port
+    from overdrive.compat.environment_checks import get_free_port
 
     if getattr(args, "main_process_port", None) == 0:
         args.main_process_port = get_free_port()

@@ -97,7 +97,7 @@ def update_command_parser(parser: Any, parents: Any = None) -> argparse.Argument
 
 def default_config_command(args: argparse.Namespace) -> None:
     """Write a config file for this machine (``overdrive config default``); print where."""
-    from overdrive.compat.model_helpers import write_basic_config
+    from overdrive.compat.config_commands import write_basic_config
 
     path = write_basic_config(getattr(args, "mixed_precision", "no") or "no", getattr(args, "config_file", None))
     if path:
@@ -108,7 +108,7 @@ def update_config(args: argparse.Namespace) -> str:
     """Rewrite an existing config file with the current keys; returns its path. A missing file is
     ``ValueError`` naming it."""
     from overdrive.cli.config_cmd import run_update
-    from overdrive.compat.model_helpers import _default_config_file
+    from overdrive.compat.config_commands import _default_config_file
 
     config_file = getattr(args, "config_file", None) or _default_config_file()
     if not Path(config_file).exists():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,17 @@ def get_parameters_from_modules(modules: Any, model: nn.Module, device: Any) -> 
         pattern = re.compile(modules)
         modules = [sub.to(device) for name, sub in model.named_modules() if pattern.fullmatch(name)]
     return {param for sub in modules for param in sub.parameters()}
+
+
+def _ram_efficient_loading(value: str) -> Callable[[], None]:
+    def switch() -> None:
+        # Accelerate's FSDP plugin reads this variable when built; ours reads it in the resolver.
+        os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = value
+
+    switch.__name__ = "enable_fsdp_ram_efficient_loading" if value == "True" else "disable_fsdp_ram_efficient_loading"
+    switch.__doc__ = f"Set FSDP_CPU_RAM_EFFICIENT_LOADING={value} for FSDP plugins built afterwards."
+    return switch
+
+
+enable_fsdp_ram_efficient_loading = _ram_efficient_loading("True")
+disable_fsdp_ram_efficient_loading = _ram_efficient_loading("False")

@@ -14,10 +14,27 @@ from typing import Any
 import torch
 from torch import nn
 
-from overdrive.compat.model_helpers import get_pretty_name, load, save
+from overdrive.compat.model_helpers import load, save
 from overdrive.helpers.logging import get_logger
 
 logger = get_logger("accelerate.checkpointing")
+
+
+def get_pretty_name(obj: Any) -> str:
+    """The qualified name of ``obj`` (or of its class)."""
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
+
+
+def merge_dicts(source: dict, destination: dict) -> dict:
+    """Merge ``source`` into ``destination`` recursively (nested dicts merge, other values overwrite)."""
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination
 
 
 def save_custom_state(obj: Any, path: str | os.PathLike, index: int = 0, save_on_each_node: bool = False) -> None:
@@ -335,7 +352,7 @@ def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str] | Non
     import copy
 
     from overdrive.compat.cli_launch import prepare_multi_gpu_env
-    from overdrive.compat.model_helpers import get_free_port
+    from overdrive.compat.environment_checks import get_free_port
 
     if getattr(args, "main_process_port", None) == 0:
         args.main_process_port = get_free_port()

@@ -14,8 +14,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from overdrive.helpers.unwrap import patch_environment
-
 __all__ = ["str_to_bool", "get_int_from_env", "parse_flag_from_env", "parse_choice_from_env",
            "are_libraries_initialized", "get_current_device_type", "get_gpu_info", "check_cuda_p2p_ib_support",
            "check_cuda_fp8_capability", "set_numa_affinity", "clear_environment", "patch_environment",
@@ -188,3 +186,24 @@ def get_cpu_distributed_information() -> Any:
         local_world_size=get_int_from_env(["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
                                            "MV2_COMM_WORLD_LOCAL_SIZE"], 1),
     )
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set environment variables (names upper-cased; ``None`` removes one) for the block, restoring them
+    afterwards."""
+    saved = {key.upper(): os.environ.get(key.upper()) for key in kwargs}
+    try:
+        for key, value in kwargs.items():
+            _set_env(key.upper(), None if value is None else str(value))
+        yield
+    finally:
+        for key, value in saved.items():
+            _set_env(key, value)
+
+
+def _set_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value

@@ -135,7 +135,7 @@ def torchrun_argv(plan: LaunchPlan, command: Command, log_dir: str) -> list[str]
 
 def patched_environ(values: Mapping[str, str | None]) -> contextlib.AbstractContextManager[None]:
     """Set (or with None, remove) environment variables for the block; the workers inherit them."""
-    from overdrive.helpers.unwrap import patch_environment
+    from overdrive.helpers.environment import patch_environment
 
     return patch_environment(**values)
 

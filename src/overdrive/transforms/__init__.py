@@ -8,8 +8,5 @@ from __future__ import annotations
 from overdrive.transforms.path import STEPS, ModelPath, PathStep, register_step, remove_step, step_names
 from overdrive.transforms.settings import CompileSettings, ModelTransforms
 
-#: the former name of ``ModelTransforms``
-ParallelismSettings = ModelTransforms
-
-__all__ = ["STEPS", "CompileSettings", "ModelPath", "ModelTransforms", "ParallelismSettings", "PathStep", "register_step",
-           "remove_step", "step_names"]
+__all__ = ["STEPS", "CompileSettings", "ModelPath", "ModelTransforms", "PathStep", "register_step", "remove_step",
+           "step_names"]
