@@ -41,7 +41,7 @@ def checksum(path: str | os.PathLike) -> str:
     """CRC-32 of a file, as 8 hex digits (zlib's runs at several GB/s: see docs/checkpoints.md).
 
     The file is read into one reused 256 KiB buffer (it stays in the CPU's cache between the read and the
-    CRC). Not through a memory map, although that was up to 25% faster from the page cache: a mapped file
+    CRC). Not through a memory map, although that is faster from the page cache: a mapped file
     that another process truncates kills the reader with SIGBUS when it touches the lost pages, while a read
     just ends early (verify_files then reports the file as truncated)."""
     crc = 0

@@ -46,7 +46,7 @@ def served_paths() -> list[str]:
 
 class _ServedLoader:
     """Builds the module of one served path from its row of the table (the loader protocol of PEP 451; no
-    ``importlib.abc`` base: importing that module costs ``import overdrive`` ~10 ms of importlib.resources)."""
+    ``importlib.abc`` base: importing that module would load importlib.resources at every ``import overdrive``)."""
 
     def __init__(self, same_module: str | None) -> None:
         self.same_module = same_module
