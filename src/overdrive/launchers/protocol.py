@@ -14,7 +14,7 @@ LAUNCH_CONFIG_VAR = "OVERDRIVE_LAUNCH_CONFIG"
 #: The launcher's process id, so that a worker can die with it (``overdrive.launchers.worker``).
 LAUNCHER_PID_VAR = "OVERDRIVE_LAUNCHER_PID"
 #: Every variable of Accelerate's that the resolver reads starts with one of these (a test checks the schema):
-#: without one, the schema (~45 M instructions to import) is not loaded at all.
+#: without one, the schema (costly to import) is not loaded at all.
 ACCELERATE_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "OVERDRIVE_FT_")
 
 

@@ -33,7 +33,7 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
 
     The store is a client TCPStore under a prefix named after the restart attempt: a plain
     ``init_process_group`` after a TorchElastic restart reuses the previous attempt's keys and fails
-    to connect (measured 6 of 7 times), while a fresh prefix per attempt restarts cleanly.
+    to connect, while a fresh prefix per attempt restarts cleanly (docs/benchmarks.md).
     """
     if not info.is_distributed:
         return dist.is_available() and dist.is_initialized()
@@ -63,8 +63,8 @@ def let_threads_settle(limit: float = 2.0) -> None:
     gloo's worker thread drops the last collective's work object, whose tensors are Python objects, only
     once it gets the GIL; if the interpreter has begun to shut down by then, the thread is ended inside a
     C++ destructor and the process aborts ("terminate called without an active exception") after a
-    successful run. A fixed 0.1 s pause was not enough on a loaded machine (1 in 9 two-process runs
-    aborted at load 10); waiting for the threads themselves is, and costs ~10 ms when they are idle.
+    successful run. A fixed pause is not enough on a loaded machine; waiting for the threads themselves
+    is, and costs little when they are idle (docs/benchmarks.md).
     Destroying the group at exit does not help while DDP holds it.
     """
     tasks = f"/proc/{os.getpid()}/task"
