@@ -115,6 +115,29 @@ class GeneralTracker:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+class LibraryRunTracker(GeneralTracker):
+    """A tracker around one run object of a tracking library (``self.run``, which ``start`` makes with
+    ``init_kwargs``): ``log`` and ``finish`` call the run's own ``log`` and ``finish``, as most libraries name
+    them (a subclass overrides what its library names otherwise)."""
+
+    def __init__(self, run_name: str, **init_kwargs: Any) -> None:
+        self.run_name = run_name
+        self.init_kwargs = dict(init_kwargs)
+        self.run: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        return self.run
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
 # -- registry -------------------------------------------------------------------------------------------
 
 # built-in name -> "module:Class", imported when first used so that `import overdrive` stays light
