@@ -16,8 +16,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
 
+from overdrive.big_model.estimate import convert_bytes
+from overdrive.big_model.planning import infer_auto_device_map
+from overdrive.big_model.sizes import calculate_maximum_sizes
 from overdrive.runtime import group as process_group
+from overdrive.runtime.mesh import ParallelDims, ParallelMesh
+from overdrive.training.state import PartialState
+from overdrive.transforms.pipeline.model import apply_pipeline
+from overdrive.transforms.pipeline.schedule import PipelineRuntime
 
 __all__ = ["prepare_pippy", "PippyOutput", "find_pippy_batch_size", "generate_device_map"]
 
@@ -75,10 +83,6 @@ def generate_device_map(model: nn.Module, num_processes: int = 1, no_split_modul
                         max_memory: dict | None = None) -> dict[str, Any]:
     """Accelerate's even split of ``model`` over ``num_processes`` devices (a device map, not cleaned):
     each gets (model size + largest layer) / n, plus 10%."""
-    from overdrive.big_model.estimate import convert_bytes
-    from overdrive.big_model.planning import infer_auto_device_map
-    from overdrive.big_model.sizes import calculate_maximum_sizes
-
     if num_processes == 1:
         return infer_auto_device_map(model, max_memory, no_split_module_classes, clean_result=False)
     if max_memory is None:
@@ -89,8 +93,6 @@ def generate_device_map(model: nn.Module, num_processes: int = 1, no_split_modul
 
 
 def _batch_of(tree: Any) -> int | None:
-    from torch.utils._pytree import tree_flatten
-
     for leaf in tree_flatten(tree)[0]:
         if isinstance(leaf, torch.Tensor) and leaf.ndim:
             return leaf.shape[0]
@@ -99,8 +101,6 @@ def _batch_of(tree: Any) -> int | None:
 
 def _pad_batch(args: tuple, kwargs: dict, num_chunks: int) -> tuple[tuple, dict, int]:
     """Repeat the last sample until the batch splits into ``num_chunks`` equal micro-batches."""
-    from torch.utils._pytree import tree_map
-
     batch = _batch_of((args, kwargs))
     if batch is None:
         raise ValueError("prepare_pippy's model needs a tensor input with a batch dimension to split into chunks")
@@ -144,11 +144,6 @@ def prepare_pippy(model: nn.Module, split_points: str | list[str] | None = "auto
         >>> model = prepare_pippy(model, gather_output=True)
         >>> logits = model(input_ids)      # on every process, with the same input_ids
     """
-    from overdrive.runtime.mesh import ParallelDims, ParallelMesh
-    from overdrive.training.state import PartialState
-    from overdrive.transforms.pipeline.model import apply_pipeline
-    from overdrive.transforms.pipeline.schedule import PipelineRuntime
-
     state = PartialState()
     world, rank, device = state.num_processes, state.process_index, state.device
     model.eval()

@@ -220,7 +220,7 @@ def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_ma
 
 def _free_cpu_memory() -> int:
     try:
-        import psutil
+        import psutil  # lazy: optional dependency
 
         return int(psutil.virtual_memory().available)
     except ImportError:  # psutil is optional: Linux says the same in /proc/meminfo

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.tensor import DTensor
 
 from overdrive.checkpoint import background, naming, space
 from overdrive.checkpoint.accelerate_layout import tensors_written, write_accelerate_files
@@ -43,6 +44,7 @@ from overdrive.checkpoint.storage import (
     write_json,
 )
 from overdrive.checkpoint.writer import ChecksummingWriter
+from overdrive.runtime.group import rank
 from overdrive.training.prepared import TrainingState
 
 STATE_FILE = "state.json"
@@ -186,8 +188,6 @@ _warned_mid_window = [False]  # per process: the warning below is said once per 
 def _warn_mid_window(position: int, size: int) -> None:
     """Say once per run, from the main process, that a save in the middle of a window loses its gradients (a
     loop that saves every N micro-batches would otherwise repeat it at every save, on every rank)."""
-    from overdrive.runtime.group import rank
-
     if _warned_mid_window[0] or rank() != 0:
         return
     _warned_mid_window[0] = True
@@ -227,8 +227,6 @@ def _resolve_layout(layout: str | None, accelerate_layout: bool | None, async_sa
 def _can_save_alone(run: TrainingState, group: Group) -> bool:
     """Whether the main process holds the whole training state (one process, or DDP: no engine, no sharded
     parameter), so that it can save without the other processes."""
-    from torch.distributed.tensor import DTensor
-
     if group.rank != 0 or run.engine is not None:
         return False
     return not any(isinstance(p, DTensor) for model in run.objects.models for p in model.parameters())

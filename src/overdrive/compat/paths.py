@@ -20,8 +20,11 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import sys
+import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
+
+from overdrive.config._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from importlib.abc import Loader
@@ -39,6 +42,7 @@ SERVED_ROOTS = frozenset({"utils", "hooks", "big_modeling", "inference", "data_l
 
 def served_paths() -> list[str]:
     """Every ``overdrive.<path>`` this finder serves (the table's thin modules and its same-module paths)."""
+    # lazy: import overdrive loads this module; the table loads only when a served path is used
     from overdrive.compat.table import NAMES, SAME_MODULE
 
     return sorted({*NAMES, *SAME_MODULE} - {"overdrive"})
@@ -67,8 +71,8 @@ class _ServedLoader:
             # the import system stamped the served spec on it: the module keeps its own identity
             module.__spec__ = self.own_spec
             return
+        # lazy: import overdrive loads this module; the table loads only when a served path is used
         from overdrive.compat.table import NAMES, REMOVED
-        from overdrive.config._lazy import lazy_exports
 
         names = NAMES[module.__name__]
         module.__doc__ = (f"``accelerate{module.__name__[len('overdrive'):]}`` under overdrive: names served from "
@@ -87,8 +91,8 @@ def _warning_on(removed: dict[str, tuple[str, str]], module: str, names: dict[st
     def __getattr__(name: str) -> Any:
         if name not in removed:
             return getter(name)
-        import warnings
 
+        # lazy: import overdrive loads this module; the table loads only when a served path is used
         from overdrive.compat.table import removed_warning
 
         dotted = f"accelerate{module[len('overdrive'):]}.{name}"
@@ -111,6 +115,7 @@ class _ServedFinder:  # the meta path finder protocol (no importlib.abc base: se
             return None
         self.busy = True
         try:
+            # lazy: import overdrive loads this module; the table loads only when a served path is used
             from overdrive.compat.table import NAMES, SAME_MODULE
         finally:
             self.busy = False

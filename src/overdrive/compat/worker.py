@@ -4,12 +4,12 @@ the target exactly as ``overdrive.launchers.worker`` does."""
 from __future__ import annotations
 
 from overdrive.compat.alias import install_as_accelerate
+from overdrive.launchers.worker import main as run_worker
 
 
 def main() -> None:
     """Install the alias, then run the target as ``overdrive.launchers.worker`` does."""
     install_as_accelerate()
-    from overdrive.launchers.worker import main as run_worker
 
     run_worker()
 

@@ -154,7 +154,8 @@ def _iterable_loader(dataloader: DataLoader, places: _Places, make_shard: Callab
     """An iterable dataset's loader: dispatched from rank 0, read shard by shard by a ``datasets`` dataset
     that has enough shards, or each process keeping its share of the batches it reads."""
     num_processes, process_index, split_batches, even_batches = places
-    dataset, batch_size, drop_last = dataloader.dataset, dataloader.batch_size, dataloader.drop_last
+    dataset = cast(IterableDataset, dataloader.dataset)  # the caller checked it
+    batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
     assert batch_size is not None  # an iterable dataset's batch sampler exists only with a batch size
     if make_dispatcher is not None:
         stream = DispatchedIterable(dataset, batch_size, drop_last, num_processes, 0, split_batches, even_batches)

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["str_to_bool", "get_int_from_env", "parse_flag_from_env", "parse_choice_from_env",
@@ -59,7 +60,7 @@ def are_libraries_initialized(*library_names: str) -> list[str]:
 
 def get_current_device_type() -> tuple[str, str]:
     """``(device type, distributed type)`` of this machine's accelerator, without initialising it."""
-    import torch
+    import torch  # lazy: this module stays torch-free: the environment helpers run before torch is needed
 
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     kind = accelerator.type if accelerator is not None else "cuda"
@@ -68,7 +69,7 @@ def get_current_device_type() -> tuple[str, str]:
 
 def get_gpu_info() -> tuple[list[str], int]:
     """Names and count of the CUDA devices (empty on a machine without them)."""
-    import torch
+    import torch  # lazy: this module stays torch-free: the environment helpers run before torch is needed
 
     if not torch.cuda.is_available():
         return [], 0
@@ -84,7 +85,7 @@ def check_cuda_p2p_ib_support() -> bool:
 
 def check_cuda_fp8_capability() -> bool:
     """Whether the CUDA device can run fp8 (compute capability 8.9 or newer)."""
-    import torch
+    import torch  # lazy: this module stays torch-free: the environment helpers run before torch is needed
 
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
@@ -176,8 +177,6 @@ _LOGGER = logging.getLogger("accelerate.utils.environment")
 
 def get_cpu_distributed_information() -> Any:
     """rank, world_size, local_rank, local_world_size of this CPU process, from the launcher's variables."""
-    from types import SimpleNamespace
-
     return SimpleNamespace(
         rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
         world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),

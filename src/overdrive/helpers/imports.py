@@ -7,12 +7,17 @@ functions behind ``accelerate.utils.imports`` (and ``accelerate.utils``) under t
 from __future__ import annotations
 
 import functools
+import importlib.metadata as metadata
 import importlib.util
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
+from packaging.version import Version
+
+from overdrive.helpers.environment import parse_flag_from_env
 
 
 def is_package_available(module: str) -> bool:
@@ -25,9 +30,6 @@ def is_package_available(module: str) -> bool:
 
 
 def _version_at_least(distribution: str, minimum: str) -> bool:
-    import importlib.metadata as metadata
-
-    from packaging.version import Version
 
     try:
         return Version(metadata.version(distribution)) >= Version(minimum)
@@ -102,8 +104,6 @@ if TYPE_CHECKING:  # the checks made by globals().update above, named for type c
 
 def is_rich_available() -> bool:
     """Whether rich is installed and its tracebacks are asked for (ACCELERATE_ENABLE_RICH, as in Accelerate)."""
-    from overdrive.helpers.environment import parse_flag_from_env
-
     return is_package_available("rich") and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
 
 
@@ -181,6 +181,7 @@ def is_habana_gaudi1() -> bool:
     """Whether this is a first-generation Gaudi (False unless a Gaudi device is present)."""
     if not is_hpu_available():
         return False
+    # lazy: optional dependency
     import habana_frameworks.torch.utils.experimental as htexp  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
@@ -188,16 +189,12 @@ def is_habana_gaudi1() -> bool:
 
 def is_xccl_available() -> bool:
     """Whether torch has the XCCL back end (Intel GPUs)."""
-    import torch.distributed as dist
-
     check = getattr(getattr(dist, "distributed_c10d", None), "is_xccl_available", None)
     return bool(check and check())
 
 
 def is_torch_distributed_available() -> bool:
     """Whether torch.distributed is built in."""
-    import torch.distributed as dist
-
     return dist.is_available()
 
 
@@ -232,6 +229,7 @@ def is_transformer_engine_mxfp8_available() -> bool:
     """Whether Transformer Engine with MXFP8 support is installed and usable."""
     if not is_package_available("transformer_engine"):
         return False
+    # lazy: optional dependency
     import transformer_engine.pytorch as te  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     return bool(getattr(te, "fp8", None) and te.fp8.check_mxfp8_support()[0])

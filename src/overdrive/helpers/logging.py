@@ -39,6 +39,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         kwargs.setdefault("stacklevel", 2)  # attribute the record to the caller, not to this method
         rank, world = _rank_and_world()
         if in_order and not main_process_only and world > 1:
+            # lazy: this module stays torch-free: the launcher logs before torch is imported
             import torch.distributed as dist
 
             for turn in range(world):
