@@ -29,8 +29,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from overdrive._version import __version__
+from overdrive.checkpoint import fastread
 from overdrive.checkpoint.errors import CheckpointError
-from overdrive.checkpoint.fastread import read_in_place
 
 MANIFEST = "manifest.json"
 FORMAT = "overdrive.checkpoint"
@@ -243,7 +243,7 @@ class SafeFileSystemReader(FileSystemReader):
             with open(Path(self.path) / relative, "rb", buffering=0) as file:
                 for item in items:
                     info = self.storage_data[item.storage_index]
-                    if info.transform_descriptors or not read_in_place(file, info.offset, info.length, item, planner):
+                    if info.transform_descriptors or not fastread.read_in_place(file, info.offset, info.length, item, planner):
                         rest.append(item)
         if rest:
             return super().read_data(dataclasses.replace(plan, items=rest), planner)
