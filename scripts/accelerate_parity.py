@@ -1,5 +1,5 @@
 """Write docs/accelerate_parity.md: every module and public name of the installed Accelerate, and whether
-overdrive has it (works / refuses with a reason / pending / absent with a reason).
+overdrive has it (works / refuses with a reason / absent with a reason).
 
     python scripts/accelerate_parity.py            # write the page
     python scripts/accelerate_parity.py --check    # exit 1 if the page is stale or a name is unaccounted for
@@ -51,16 +51,12 @@ def public_names(module_name: str) -> list[str]:
 
 
 def status(overdrive_module: str, name: str) -> tuple[str, str]:
-    """("works" | "refuses" | "pending" | "absent" | "MISSING", detail)."""
-    from overdrive.compat.table import ABSENT, BIG_MODEL, PENDING
+    """("works" | "refuses" | "absent" | "MISSING", detail)."""
+    from overdrive.compat.table import ABSENT
 
     try:
         value = getattr(importlib.import_module(overdrive_module), name)
     except (ImportError, AttributeError):
-        if name in PENDING:
-            return "pending", PENDING[name]
-        if overdrive_module in {f"overdrive.{path}" for path in BIG_MODEL}:
-            return "pending", "bigmodel (issue 13): big-model compat modules"
         for key in ((overdrive_module, name), name, (overdrive_module, "*")):
             if key in ABSENT:
                 return "absent", ABSENT[key]
@@ -85,7 +81,7 @@ def rows() -> tuple[list[str], list[str]]:
         "when it is stale or a name is unaccounted for.",
         "",
         "works: importable and implemented. refuses: importable; calling it raises an error naming what is "
-        "unsupported and what to use instead. pending: being built by another part of overdrive. absent: not "
+        "unsupported and what to use instead. absent: not "
         "provided, for the reason given.",
         "",
     ]
@@ -114,7 +110,7 @@ def rows() -> tuple[list[str], list[str]]:
             state, note = status(target, name)
             counts[state] = counts.get(state, 0) + 1
             if state == "MISSING":
-                problems.append(f"{module}.{name}: missing from {target} and not listed in ABSENT or PENDING")
+                problems.append(f"{module}.{name}: missing from {target} and not listed in ABSENT")
             lines.append(f"| `{name}` | {state} | {note.replace('|', '/')} |")
         lines.append("")
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
@@ -132,7 +128,7 @@ def main(argv: list[str]) -> int:
     lines, problems = rows()
     text = "\n".join(lines).rstrip() + "\n"
     if "--check" in argv:
-        # statuses move as other work lands (pending -> works); the page must list every module and name
+        # the page must list every module and name (a status may change without a rewrite)
         if not PAGE.is_file() or _listed(PAGE.read_text()) != _listed(text):
             problems.append(f"{PAGE.relative_to(ROOT)} does not list Accelerate's current modules and names: "
                             "run python scripts/accelerate_parity.py")

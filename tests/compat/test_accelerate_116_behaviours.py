@@ -320,7 +320,7 @@ def test_a_key_written_twice_takes_its_last_value_with_a_warning(tmp_path, no_co
     from accelerate.commands.config.config_args import load_config_from_file as real
 
     from overdrive.compat.cli_commands import SageMakerConfig
-    from overdrive.compat.other import load_config_from_file
+    from overdrive.compat.config_commands import load_config_from_file
 
     path = tmp_path / "0_30_0_sagemaker.yaml"  # Accelerate's own test file: debug twice, distributed_type NO
     path.write_text("compute_environment: AMAZON_SAGEMAKER\ndebug: false\ndistributed_type: NO\n"
@@ -339,7 +339,7 @@ def test_to_fsdp2_writes_accelerates_result_read_back_as_a_cluster_config(tmp_pa
     from accelerate.commands.to_fsdp2 import to_fsdp2_command as real
 
     from overdrive.compat.cli_commands import ClusterConfig, to_fsdp2_command
-    from overdrive.compat.other import load_config_from_file
+    from overdrive.compat.config_commands import load_config_from_file
 
     source = tmp_path / "fsdp1.yaml"
     source.write_text(yaml.safe_dump({

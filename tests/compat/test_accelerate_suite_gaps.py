@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
+from overdrive.compat.model_helpers import clean_state_dict_for_safetensors, get_model_tp_size
 from overdrive.compat.operations import CannotPadNestedTensorWarning, convert_outputs_to_fp32
-from overdrive.compat.other import clean_state_dict_for_safetensors, get_model_tp_size
 from overdrive.helpers.environment import convert_dict_to_env_variables, purge_accelerate_environment
-from overdrive.helpers.misc import extract_model_from_parallel
 from overdrive.helpers.ops import concatenate, pad_across_processes, recursively_apply
+from overdrive.helpers.unwrap import extract_model_from_parallel
 from overdrive.tracking import GeneralTracker
 from tests.support.distributed import run_distributed
 

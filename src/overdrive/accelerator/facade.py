@@ -38,7 +38,7 @@ from overdrive.config import (  # GradientAccumulationPlugin: also a name of acc
 from overdrive.config.choices import unexpected_arguments
 from overdrive.data import prepare_data_loader, skip_first_batches
 from overdrive.helpers.memory import release_memory
-from overdrive.helpers.misc import _compiled_inner, _recompiled, extract_model_from_parallel
+from overdrive.helpers.unwrap import _compiled_inner, _recompiled, extract_model_from_parallel
 from overdrive.precision.amp import AmpPrecision
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
 from overdrive.runtime.mesh import ParallelMesh

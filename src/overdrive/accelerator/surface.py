@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
-from overdrive.helpers.misc import extract_model_from_parallel
+from overdrive.helpers.unwrap import extract_model_from_parallel
 from overdrive.resolve.plan import DDPSettings
 
 if TYPE_CHECKING:

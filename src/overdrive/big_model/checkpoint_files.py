@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
+from overdrive.big_model.planning import _device_for
 from overdrive.big_model.safetensors_io import SafetensorsError, SafetensorsFile
+from overdrive.big_model.tensors import resolve_device
 
 __all__ = ["CheckpointError", "Shard", "Checkpoint", "find_checkpoint_files", "open_checkpoint", "load_state_dict"]
 
@@ -170,12 +172,8 @@ def load_state_dict(checkpoint_file: str | os.PathLike[str], device_map: dict[st
     shard = _open_shard(os.fspath(checkpoint_file))
     state = {name: read(mapped=True) for name, read in shard.tensors()}
     if device_map:
-        from overdrive.big_model.planning import _device_for
-
         for name, tensor in state.items():
             device = _device_for(name, device_map)
             if device not in (None, "cpu", "disk"):
-                from overdrive.big_model.tensors import resolve_device
-
                 state[name] = tensor.to(resolve_device(device))
     return state

@@ -93,12 +93,7 @@ def cpu_offload(model: nn.Module, execution_device: Any = None, offload_buffers:
     execution_device = _first_device(model) if execution_device is None else execution_device
     if state_dict is None:
         state_dict = {name: tensor.to("cpu") for name, tensor in model.state_dict().items()}
-    with tied_weights(model):
-        add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-        attach_align_device_hook(model, execution_device=execution_device, offload=True,
-                                 offload_buffers=offload_buffers, weights_map=state_dict,
-                                 preload_module_classes=preload_module_classes)
-    return model
+    return _offload_hooks(model, execution_device, offload_buffers, state_dict, preload_module_classes)
 
 
 def disk_offload(model: nn.Module, offload_dir: str | os.PathLike[str], execution_device: Any = None,
@@ -113,6 +108,13 @@ def disk_offload(model: nn.Module, offload_dir: str | os.PathLike[str], executio
         offload_state_dict(offload_dir, model.state_dict())
     execution_device = _first_device(model) if execution_device is None else execution_device
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
+    return _offload_hooks(model, execution_device, offload_buffers, weights_map, preload_module_classes)
+
+
+def _offload_hooks(model: nn.Module, execution_device: Any, offload_buffers: bool, weights_map: Any,
+                   preload_module_classes: list[str] | None) -> nn.Module:
+    """Hook ``model`` so that each module's weights come from ``weights_map`` to ``execution_device`` for its
+    forward only, and its outputs go back to where its inputs were."""
     with tied_weights(model):
         add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
         attach_align_device_hook(model, execution_device=execution_device, offload=True,

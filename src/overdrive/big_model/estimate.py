@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from overdrive.big_model.init import init_empty_weights
@@ -37,8 +38,7 @@ class MemoryRow:
 
 
 def _transformers_model(source: str, trust_remote_code: bool) -> nn.Module:
-    import torch
-    import transformers
+    import transformers  # lazy: optional dependency
 
     config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code,
                                                      local_files_only=True)
@@ -53,7 +53,7 @@ def _transformers_model(source: str, trust_remote_code: bool) -> nn.Module:
 
 def _timm_model(source: str) -> nn.Module:
     try:
-        import timm  # pyright: ignore[reportMissingImports]
+        import timm  # pyright: ignore[reportMissingImports]  # lazy: optional dependency
     except ImportError:
         raise ImportError(f"estimating {source!r} with --library_name timm needs timm: pip install timm") from None
     config_file = os.path.join(source, "config.json") if os.path.isdir(source) else source

@@ -196,7 +196,7 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | os.PathLike[str
         for shard in opened.shards:
             # no gc.collect() between shards (Accelerate's habit): nothing here forms reference cycles, so
             # each tensor and a .bin shard's mapping are freed by reference counting as soon as they are
-            # done, and a full collection costs ~1 s in a process that has imported transformers
+            # done, while a full collection walks every object of a process that has imported transformers
             for name, read in shard.tensors():
                 if name not in skip:
                     writer.write(shard, name, read)

@@ -22,6 +22,7 @@ import ctypes
 import functools
 import mmap
 import os
+import signal
 import sys
 import threading
 import weakref
@@ -95,7 +96,6 @@ def _install() -> None:
     action = _Sigaction()
     action.handler = ctypes.cast(callback, ctypes.c_void_p).value
     action.flags = _SA_SIGINFO
-    import signal
 
     if libc.sigaction(signal.SIGBUS, ctypes.byref(action), ctypes.byref(previous)) != 0:
         raise OSError(ctypes.get_errno(), "could not install the SIGBUS guard for mapped weights")
@@ -134,8 +134,6 @@ def _patch(address: int) -> set[int]:
     # (list(): one C call, a snapshot that another thread freeing a map cannot change under the loop)
     found = [(start, region) for start, region in list(_regions.items()) if start <= address < region.end]
     if not found:
-        import signal
-
         # not ours: put the previous handler back; the faulting read runs again and gets it
         libc.sigaction(signal.SIGBUS, ctypes.byref(previous), None)
         return set()
@@ -148,8 +146,6 @@ def _patch(address: int) -> set[int]:
     done = libc.mmap(lost, region.end - lost, mmap.PROT_READ | mmap.PROT_WRITE,
                      mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x10, -1, 0)  # 0x10: MAP_FIXED
     if done != lost:
-        import signal
-
         libc.sigaction(signal.SIGBUS, ctypes.byref(previous), None)  # could not patch: crash as before
         return set()
     _faults.append(shrank_message(region.path, region.size, size, f"while weights were mapped from it (a read at "

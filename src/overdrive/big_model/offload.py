@@ -20,6 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from overdrive.big_model.safetensors_io import SafetensorsFile
+from overdrive.big_model.tensors import set_module_tensor_to_device
+
 __all__ = ["offload_weight", "load_offloaded_weight", "save_offload_index", "offload_state_dict",
            "load_offloaded_weights", "PrefixedDataset", "OffloadedWeightsLoader", "extract_submodules_state_dict",
            "INDEX_FILE"]
@@ -102,8 +105,6 @@ def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: Mapping[str
 def load_offloaded_weights(model: nn.Module, index: Mapping[str, Any] | None,
                            offload_folder: str | os.PathLike[str]) -> None:
     """Load every weight of ``index`` from ``offload_folder`` into ``model`` on the CPU."""
-    from overdrive.big_model.tensors import set_module_tensor_to_device
-
     for name, info in (index or {}).items():
         weight = load_offloaded_weight(os.path.join(os.fspath(offload_folder), f"{name}.dat"), info)
         set_module_tensor_to_device(model, name, "cpu", value=weight)
@@ -172,8 +173,6 @@ class OffloadedWeightsLoader(Mapping):
         self._files: dict[str, Any] = {}
 
     def _safetensors(self, path: str) -> Any:
-        from overdrive.big_model.safetensors_io import SafetensorsFile
-
         if path not in self._files:
             self._files[path] = SafetensorsFile(path)
         return self._files[path]

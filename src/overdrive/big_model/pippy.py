@@ -17,8 +17,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from overdrive.big_model.estimate import convert_bytes
+from overdrive.big_model.planning import infer_auto_device_map
+from overdrive.big_model.sizes import calculate_maximum_sizes
 from overdrive.runtime import group as process_group
+from overdrive.runtime.mesh import ParallelDims, ParallelMesh
 from overdrive.runtime.torch_private import tree_flatten, tree_map
+from overdrive.training.state import PartialState
+from overdrive.transforms.pipeline.model import apply_pipeline
+from overdrive.transforms.pipeline.schedule import PipelineRuntime
 
 __all__ = ["prepare_pippy", "PippyOutput", "find_pippy_batch_size", "generate_device_map"]
 
@@ -76,10 +83,6 @@ def generate_device_map(model: nn.Module, num_processes: int = 1, no_split_modul
                         max_memory: dict | None = None) -> dict[str, Any]:
     """Accelerate's even split of ``model`` over ``num_processes`` devices (a device map, not cleaned):
     each gets (model size + largest layer) / n, plus 10%."""
-    from overdrive.big_model.estimate import convert_bytes
-    from overdrive.big_model.planning import infer_auto_device_map
-    from overdrive.big_model.sizes import calculate_maximum_sizes
-
     if num_processes == 1:
         return infer_auto_device_map(model, max_memory, no_split_module_classes, clean_result=False)
     if max_memory is None:
@@ -141,11 +144,6 @@ def prepare_pippy(model: nn.Module, split_points: str | list[str] | None = "auto
         >>> model = prepare_pippy(model, gather_output=True)
         >>> logits = model(input_ids)      # on every process, with the same input_ids
     """
-    from overdrive.runtime.mesh import ParallelDims, ParallelMesh
-    from overdrive.training.state import PartialState
-    from overdrive.transforms.pipeline.model import apply_pipeline
-    from overdrive.transforms.pipeline.schedule import PipelineRuntime
-
     state = PartialState()
     world, rank, device = state.num_processes, state.process_index, state.device
     model.eval()

@@ -22,6 +22,7 @@ from overdrive.big_model.sizes import (
     DeviceKey,
     compute_module_sizes,
     compute_module_total_buffer_size,
+    convert_file_size_to_int,
     find_tied_parameters,
     get_max_layer_size,
     get_max_memory,
@@ -256,8 +257,6 @@ def fallback_allocate(modules: list[tuple[str, Any]], module_sizes: Mapping[str,
                       tied_parameters: list[list[str]] | None = None) -> tuple[str | None, Any, list[tuple[str, Any]]]:
     """The first module (depth first, opening splittable ones) that fits in ``size_limit`` with its tied
     modules: ``(name, module, what is left of modules)``, or ``(None, None, modules)`` when none fits."""
-    from overdrive.big_model.sizes import convert_file_size_to_int
-
     try:
         limit = convert_file_size_to_int(size_limit)
     except ValueError:

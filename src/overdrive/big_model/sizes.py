@@ -168,11 +168,6 @@ def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
     return [sorted(names) for names in groups.values() if len(names) > 1]
 
 
-def _get(model: nn.Module, dotted: str) -> Any:
-    owner, _, leaf = dotted.rpartition(".")
-    return getattr(model.get_submodule(owner) if owner else model, leaf)
-
-
 def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
     """Make every name of each group point at one parameter again, the first that holds data (moving or
     loading a parameter replaces the object, which unties it)."""
@@ -225,7 +220,7 @@ def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_ma
 
 def _free_cpu_memory() -> int:
     try:
-        import psutil
+        import psutil  # lazy: optional dependency
 
         return int(psutil.virtual_memory().available)
     except ImportError:  # psutil is optional: Linux says the same in /proc/meminfo

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -37,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 from overdrive.checkpoint.accelerate_layout import is_sharded, saved_as_file
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import run_dcp
-from overdrive.checkpoint.storage import SafeFileSystemReader
+from overdrive.checkpoint.storage import MANIFEST, SafeFileSystemReader
 from overdrive.runtime.torch_private import set_state_dict_element
 
 _MARKERS = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|optimizer(_\d+)?\.bin|"
@@ -47,7 +50,6 @@ _MARKERS = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|op
 def is_accelerate_checkpoint(folder: str | os.PathLike) -> bool:
     """Whether ``folder`` looks like Accelerate's ``save_state`` output (and not overdrive's)."""
     path = Path(folder)
-    from overdrive.checkpoint.storage import MANIFEST
 
     if not path.is_dir() or (path / MANIFEST).exists():
         return False
@@ -65,8 +67,6 @@ class AccelerateCheckpointReport:
 
 def _safe_globals() -> list[Any]:
     """numpy's array rebuilders: RNG states hold numpy arrays; rebuilding one runs no user code."""
-    import numpy as np
-
     names = []
     core: Any = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core to numpy._core
     for module, attr in ((core.multiarray, "_reconstruct"), (np, "ndarray"), (np, "dtype")):
@@ -101,8 +101,6 @@ def _indexed(folder: Path, stem: str, suffix: str) -> list[Path]:
 def _read_all(folder: Path, process_index: int, allow_pickle: bool | None, load_kwargs: dict[str, Any],
               refused: list[str]) -> dict[str, Any]:
     """Every file's content by name (safetensors as dicts); refusals recorded in ``refused``."""
-    from safetensors.torch import load_file
-
     contents: dict[str, Any] = {}
     candidates = [*_indexed(folder, "model", ".safetensors"), *_indexed(folder, "pytorch_model", ".bin"),
                   *_indexed(folder, "optimizer", ".bin"), *_indexed(folder, "scheduler", ".bin"),
@@ -229,9 +227,6 @@ def _restore_rest(contents: dict[str, Any], process_index: int, dataloaders: lis
             report.not_mapped.append("scaler.pt: this run has no loss scaler (mixed_precision is not fp16)")
     states = contents.get(f"random_states_{process_index}.pkl")
     if isinstance(states, dict):
-        import random
-
-        import numpy as np
 
         random.setstate(states["random_state"])
         np.random.set_state(states["numpy_random_seed"])

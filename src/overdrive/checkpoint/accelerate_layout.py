@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import (
@@ -92,8 +93,6 @@ def _write_models(run: TrainingState, folder: Path, distributed: bool, is_main: 
         if is_main:
             weights = weights_once(models[i].state_dict())
             if safe_serialization:
-                from safetensors.torch import save_file
-
                 save_file(weights, str(folder / indexed("model", ".safetensors", plain)), metadata={"format": "pt"})
             else:
                 torch.save(weights, folder / indexed("pytorch_model", ".bin", plain))

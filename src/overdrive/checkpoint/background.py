@@ -125,8 +125,8 @@ _copiers: ThreadPoolExecutor | None = None
 def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Copy each contiguous CPU ``(source, buffer)`` pair: memmove of 8 MiB chunks that this thread and up to
     3 more (no more than torch's thread count) take from one list until it is empty. torch's own copy runs
-    one parallel region per tensor, whose threads wait for each other at its end: on a busy machine that
-    was 20-30% slower (measured on the 2-core development VM, docs/checkpoints.md)."""
+    one parallel region per tensor, whose threads wait for each other at its end, which a busy machine makes
+    slower (docs/benchmarks.md)."""
     global _copiers
     chunks = []
     for source, buffer in pairs:

@@ -20,6 +20,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from overdrive.checkpoint.errors import CheckpointError
@@ -146,7 +147,6 @@ def _numpy_array(value: Any) -> dict[str, Any] | None:
     kind = type(value)
     if not kind.__module__.startswith("numpy"):
         return None
-    import numpy as np
 
     if not isinstance(value, (np.ndarray, np.generic)) or np.asarray(value).dtype.hasobject:
         return None
@@ -156,8 +156,6 @@ def _numpy_array(value: Any) -> dict[str, Any] | None:
 
 
 def _array_from_json(body: dict[str, Any], path: str) -> Any:
-    import numpy as np
-
     dtype = np.dtype(body["dtype"])
     if dtype.hasobject:
         raise CheckpointError(f"{path}: NumPy arrays of Python objects cannot be read without unpickling")

@@ -19,9 +19,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 
+from overdrive.big_model.hooks import has_offloaded_params
+from overdrive.big_model.state_dicts import get_state_dict_offloaded_model
+from overdrive.checkpoint.accelerate_layout import indexed
 from overdrive.checkpoint.errors import CheckpointError
+from overdrive.checkpoint.group import run_dcp
+from overdrive.checkpoint.storage import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    read_json,
+    read_manifest,
+    verify_files,
+)
+from overdrive.helpers.unwrap import extract_model_from_parallel
 
 SAFE_NAME, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_NAME, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -54,17 +72,12 @@ def get_state_dict(model: nn.Module, unwrap: bool = True, engine: Any = None) ->
     if callable(gather):  # a pipelined model: the other stages' weights live on other processes
         return gather()
     if not _is_sharded(model):
-        from overdrive.helpers.misc import extract_model_from_parallel
-
         return extract_model_from_parallel(model, keep_torch_compile=False).state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(t, DTensor) for t in (*model.parameters(), *model.buffers()))
 
 
@@ -75,10 +88,8 @@ def save_model(model: nn.Module, save_directory: str | os.PathLike, max_shard_si
     Every process must call it under FSDP2 and ZeRO-3 (the weights are gathered); only the main process writes.
     """
     limit = parse_size(max_shard_size)
-    from overdrive.big_model.hooks import has_offloaded_params
 
     if any(has_offloaded_params(module) for module in model.modules()):  # weights on disk / CPU behind hooks
-        from overdrive.big_model.state_dicts import get_state_dict_offloaded_model
 
         state = get_state_dict_offloaded_model(model)
     else:
@@ -169,8 +180,6 @@ def _separate(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _write_one(path: Path, tensors: dict[str, torch.Tensor], header: dict[str, str], safe: bool) -> None:
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     if safe:
-        from safetensors.torch import save_file
-
         save_file(tensors, str(temporary), metadata=header)
     else:
         torch.save(tensors, temporary)
@@ -192,16 +201,7 @@ def merge_weights(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLi
     Runs in one process without a process group, whatever the number of processes that saved it, and
     holds one shard in memory at a time.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from overdrive.checkpoint.group import run_dcp
-    from overdrive.checkpoint.storage import (
-        SafeFileSystemReader,
-        SafeLoadPlanner,
-        read_manifest,
-        verify_files,
-    )
 
     folder = Path(checkpoint_dir)
     manifest = read_manifest(folder)
@@ -243,9 +243,6 @@ def merge_weights(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLi
 def _accelerate_file(folder: Path, model_index: int) -> tuple[list[str], dict[str, int], Any]:
     """Model ``model_index``'s names, sizes and reader from the Accelerate layout's ``model[_k].safetensors``
     (or ``pytorch_model[_k].bin``), ``k`` its place among the models the save wrote."""
-    from overdrive.checkpoint.accelerate_layout import indexed
-    from overdrive.checkpoint.storage import read_json
-
     saved = list(read_json(folder / "state.json")["models"])
     if model_index not in saved:
         raise CheckpointError(f"{folder} holds no weights for model {model_index} (it holds models {saved}; a "
@@ -253,8 +250,6 @@ def _accelerate_file(folder: Path, model_index: int) -> tuple[list[str], dict[st
     place = saved.index(model_index)
     safe, unsafe = folder / indexed("model", ".safetensors", place), folder / indexed("pytorch_model", ".bin", place)
     if safe.is_file():
-        from safetensors import safe_open
-
         with safe_open(str(safe), "pt") as f:
             names = list(f.keys())
             sizes = {n: f.get_slice(n).get_shape() for n in names}
@@ -280,8 +275,6 @@ def _numel(size: Sequence[int]) -> int:
 
 def _saved_order(folder: Path, model_index: int, names: list[str]) -> list[str]:
     """The model's own key order, as state.json recorded it (else the DCP metadata's)."""
-    from overdrive.checkpoint.storage import read_json
-
     try:
         state = read_json(folder / "state.json")
         recorded = state["model_keys"][state["models"].index(model_index)]

@@ -6,11 +6,13 @@ nothing. Accelerate's ``save_fsdp_model`` / ``load_fsdp_model`` / ``*_fsdp_optim
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 
 from overdrive.checkpoint import naming
 from overdrive.checkpoint.errors import CheckpointError
@@ -21,8 +23,6 @@ from overdrive.checkpoint.storage import SafeFileSystemReader, SafeLoadPlanner
 def save_folder(state: dict[str, Any], target: str | os.PathLike, what: str = "save") -> Path:
     """Write ``state`` (tensors or DTensors, each rank its shards) to the DCP folder ``target``; call on every
     process. Until every rank has written, ``target`` is untouched (an older folder stays as it was)."""
-    import torch.distributed.checkpoint as dcp
-
     group = Group()
     group.arrive(what)
     target = Path(target).absolute()
@@ -40,8 +40,6 @@ def save_folder(state: dict[str, Any], target: str | os.PathLike, what: str = "s
         group.check(error, f"{what} to {target}")
     except Exception:
         if group.rank == 0:
-            import shutil
-
             shutil.rmtree(temporary, ignore_errors=True)
         raise
 
@@ -58,8 +56,6 @@ def load_folder(state: dict[str, Any], folder: str | os.PathLike, allow_pickle: 
     """A copy of ``state`` (same keys, shapes and shardings) filled from the DCP folder ``folder``;
     ``state``'s own tensors are not touched, so a read that fails midway leaves the caller's objects as
     they were. Call on every process."""
-    import torch.distributed.checkpoint as dcp
-
     group = Group()
     group.arrive(what)
     folder = Path(folder)

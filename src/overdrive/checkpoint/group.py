@@ -10,7 +10,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from overdrive.checkpoint.errors import CheckpointError
+from overdrive.checkpoint.space import disk_full_message, is_disk_full
 from overdrive.runtime import group as process_group
+from overdrive.runtime import watchdog
 
 T = TypeVar("T")
 _calls: dict[str, int] = {}  # per process: how many saves / loads it started, to meet the other ranks'
@@ -38,7 +40,6 @@ class Group:
         of pairing its collectives with whatever the other ranks do next (a gloo abort)."""
         if not self.active:
             return
-        from overdrive.runtime import watchdog
 
         dog = watchdog.active()
         if dog is None:  # a process group overdrive did not create: no store of ours to meet in
@@ -128,8 +129,6 @@ def run_dcp(function: Callable[[], T], writes: tuple[Any, int] | None = None) ->
     ``CheckpointException`` (a ``BaseException``, which ``except Exception`` does not catch).
 
     ``writes``: (folder, bytes needed) of a save, so that a full disk is reported as one."""
-    from overdrive.checkpoint.space import disk_full_message, is_disk_full
-
     try:
         with warnings.catch_warnings():
             # DCP warns that it "assumes the intent" whenever there is no process group: we meant it.

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 
 from overdrive.checkpoint import naming
 from overdrive.checkpoint.accelerate_format import is_accelerate_checkpoint, load_into
+from overdrive.checkpoint.background import wait_for_pending_save
 from overdrive.checkpoint.codec import REF, decode
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.group import Group, run_dcp
@@ -56,7 +57,6 @@ def load_state(run: TrainingState, input_dir: str | os.PathLike | None = None, *
     if unexpected:
         raise TypeError(f"load_state() got unexpected arguments {sorted(unexpected)}; it accepts allow_pickle, "
                         "strict, verify and load_kwargs")
-    from overdrive.checkpoint.background import wait_for_pending_save
 
     wait_for_pending_save()  # a checkpoint being written in the background is published first
     group = Group()

@@ -20,6 +20,7 @@ from pathlib import Path
 from overdrive.checkpoint.errors import CheckpointError
 from overdrive.checkpoint.storage import MANIFEST, fsync_dir
 from overdrive.config import ProjectConfiguration
+from overdrive.runtime.cluster import detect_process_info
 
 PREFIX = "checkpoint_"
 _NUMBERED = re.compile(rf"^{PREFIX}(\d+)$")
@@ -113,8 +114,6 @@ def temporary_path(target: Path, token: str) -> Path:
 def _owner(token: str) -> dict[str, object]:
     """This process as the owner of a save: host, pid, and the job's run id and restart attempt (a later
     attempt of the same job proves that every process of an earlier one has ended, on any machine)."""
-    from overdrive.runtime.cluster import detect_process_info
-
     try:
         info = detect_process_info()
         run_id, attempt = info.run_id, info.restart_count
@@ -187,8 +186,6 @@ def owner_ended(owner: dict) -> bool | None:
     if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int):
         return not _pid_alive(owner["pid"])
     if owner.get("run_id"):
-        from overdrive.runtime.cluster import detect_process_info
-
         try:
             info = detect_process_info()
         except ValueError:

@@ -19,12 +19,14 @@ import os
 import shutil
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.tensor import DTensor
 
 from overdrive.checkpoint import background, naming, space
 from overdrive.checkpoint.accelerate_layout import tensors_written, write_accelerate_files
@@ -42,6 +44,7 @@ from overdrive.checkpoint.storage import (
     write_json,
 )
 from overdrive.checkpoint.writer import ChecksummingWriter
+from overdrive.runtime.group import rank
 from overdrive.training.prepared import TrainingState
 
 STATE_FILE = "state.json"
@@ -54,6 +57,8 @@ def rank_file(rank: int) -> str:
     """The name of the per-rank JSON file (RNG, loader positions) that rank ``rank`` writes."""
     return f"rank_{rank}.json"
 
+
+_T = TypeVar("_T")
 
 #: DCP writer threads per process: the write of one file overlaps the serialization of the next.
 WRITER_THREADS = 2
@@ -77,16 +82,7 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         async_save = bool(getattr(project, "async_save", False))
     layout = _resolve_layout(layout, accelerate_layout, async_save, _needs_resharding(run))
     background.wait_for_pending_save()  # the previous async save is published first
-    group = Group()
-    try:
-        group.arrive("save_state")  # before any collective
-    except CheckpointError as exc:
-        if "did not arrive" in str(exc) or not _can_save_alone(run, group):
-            raise  # a rank late past the timeout may still come: saving alone would not meet it
-        # `if accelerator.is_main_process: accelerator.save_state(...)` (diffusers' examples): Accelerate runs it
-        # under DDP, where the main process holds the whole state; so does overdrive, writing the folder of a
-        # one-process run (the other ranks' RNG states are not saved; load_state leaves theirs as they are)
-        group = Group.alone()
+    group = _saving_group(run)
     target_name, token = group.run_on_main(
         lambda: (str(naming.save_target(project, output_dir)), uuid.uuid4().hex[:16]), "save_state")
     target = Path(target_name)
@@ -94,48 +90,31 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
         _warn_mid_window(run.window.position, run.window.size)
 
     temporary = naming.temporary_path(target, token)
+    where = f"save_state({str(target)!r})"
     leader, needed = False, 0
     try:
         leader, replicate = _prepare_folder(run, group, temporary, token)
-        error, kept = None, []
-        try:  # hooks write into the folder being built, so what they write is published with it
-            kept = _run_save_hooks(run, temporary)
-        except Exception as exc:  # noqa: BLE001 - reported on every rank
-            error = exc
-        group.check(error, f"save_state({str(target)!r}): a save_state pre-hook failed")
+        # hooks write into the folder being built, so what they write is published with it
+        kept = _on_every_rank(group, f"{where}: a save_state pre-hook failed",
+                              lambda: _run_save_hooks(run, temporary), [])
         kept = group.broadcast(kept)  # the main process's choice
         if layout == "accelerate":  # a full disk is found before Accelerate's files are written
-            try:
-                needed = space.check_space(temporary, tensors_written(run, group.rank))
-            except Exception as exc:  # noqa: BLE001 - reported on every rank
-                error = exc
-            group.check(error, f"save_state({str(target)!r})")
-        try:
-            flat, summary = _write_json_parts(run, group, temporary, kept,
-                                              safe_serialization if layout == "accelerate" else None)
-        except Exception as exc:  # noqa: BLE001 - reported on every rank
-            error, flat, summary = exc, {}, {}
-        group.check(error, f"save_state({str(target)!r}) could not collect the training state")
-        engine = engine_of(run)
-        if engine is not None:  # inside the temporary folder, so the manifest covers its files
-            try:
-                engine.save(temporary, list(run.objects.models), accelerate=layout == "accelerate")
-            except Exception as exc:  # noqa: BLE001 - reported on every rank
-                error = exc
-            group.check(error, f"save_state({str(target)!r}): the engine could not save its state")
-        if layout == "resharding":
-            try:  # a full disk is found here, before the large writes
-                needed = space.check_space(temporary, flat)
-            except Exception as exc:  # noqa: BLE001 - reported on every rank
-                error, needed = exc, 0
-            group.check(error, f"save_state({str(target)!r})")
+            needed = _on_every_rank(group, where,
+                                    lambda: space.check_space(temporary, tensors_written(run, group.rank)), 0)
+        flat, summary = _on_every_rank(
+            group, f"{where} could not collect the training state",
+            lambda: _write_json_parts(run, group, temporary, kept,
+                                      safe_serialization if layout == "accelerate" else None), ({}, {}))
+        _save_engine(run, group, temporary, layout == "accelerate", where)
+        if layout == "resharding":  # a full disk is found here, before the large writes
+            needed = _on_every_rank(group, where, lambda: space.check_space(temporary, flat), 0)
         writer = ChecksummingWriter(temporary, WRITER_THREADS)  # the data files' CRC-32s come with the write
         planner = DefaultSavePlanner(flatten_state_dict=False)
 
         def publish(over: Group, metadata: Any) -> None:
             everything = over.gather(_describe_own_files(over, temporary, metadata, writer.checksums))
             over.run_on_main(lambda: _finish(run, over, temporary, target, token, everything, summary),
-                             f"save_state({str(target)!r}) could not publish the checkpoint")
+                             f"{where} could not publish the checkpoint")
             if replicate:
                 _replicate(run, over, temporary if leader and over.rank != 0 else None, target, token)
 
@@ -151,16 +130,56 @@ def save_state(run: TrainingState, output_dir: str | os.PathLike | None = None, 
     except BaseException as exc:
         if leader:
             shutil.rmtree(temporary, ignore_errors=True)
-        if isinstance(exc, Exception) and not isinstance(exc, CheckpointError) and space.is_disk_full(exc):
-            raise CheckpointError(f"save_state({str(target)!r}): "
-                                  + space.disk_full_message(temporary.parent, needed)) from exc
         if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
-            # typically a collective that failed because another process died mid-save
-            raise CheckpointError(f"save_state({str(target)!r}) did not finish ({type(exc).__name__}: {exc}); "
-                                  "nothing was published and earlier checkpoints are untouched") from exc
+            raise _unfinished(exc, where, temporary, needed) from exc
         raise
     project.iteration += 1
     return str(target)
+
+
+def _saving_group(run: TrainingState) -> Group:
+    """The processes that save: every process, or the main process alone when only it called ``save_state``
+    and it holds the whole state."""
+    group = Group()
+    try:
+        group.arrive("save_state")  # before any collective
+    except CheckpointError as exc:
+        if "did not arrive" in str(exc) or not _can_save_alone(run, group):
+            raise  # a rank late past the timeout may still come: saving alone would not meet it
+        # `if accelerator.is_main_process: accelerator.save_state(...)` (diffusers' examples): Accelerate runs it
+        # under DDP, where the main process holds the whole state; so does overdrive, writing the folder of a
+        # one-process run (the other ranks' RNG states are not saved; load_state leaves theirs as they are)
+        group = Group.alone()
+    return group
+
+
+def _on_every_rank(group: Group, what: str, step: Callable[[], _T], failed: _T) -> _T:
+    """Run one step of the save; a failure on any rank is raised on every rank (``what`` failed), so no rank
+    is left waiting in the next collective."""
+    error, result = None, failed
+    try:
+        result = step()
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        error = exc
+    group.check(error, what)
+    return result
+
+
+def _save_engine(run: TrainingState, group: Group, temporary: Path, accelerate: bool, where: str) -> None:
+    """The DeepSpeed engine's own files, inside the temporary folder so that the manifest covers them."""
+    engine = engine_of(run)
+    if engine is not None:
+        _on_every_rank(group, f"{where}: the engine could not save its state",
+                       lambda: engine.save(temporary, list(run.objects.models), accelerate=accelerate), None)
+
+
+def _unfinished(exc: Exception, where: str, temporary: Path, needed: int) -> CheckpointError:
+    """The error a save that stopped part-way raises: a full disk says how much room it needs; anything else
+    (typically a collective that failed because another process died mid-save) that nothing was published."""
+    if space.is_disk_full(exc):
+        return CheckpointError(f"{where}: " + space.disk_full_message(temporary.parent, needed))
+    return CheckpointError(f"{where} did not finish ({type(exc).__name__}: {exc}); "
+                           "nothing was published and earlier checkpoints are untouched")
 
 
 _warned_mid_window = [False]  # per process: the warning below is said once per run
@@ -169,8 +188,6 @@ _warned_mid_window = [False]  # per process: the warning below is said once per 
 def _warn_mid_window(position: int, size: int) -> None:
     """Say once per run, from the main process, that a save in the middle of a window loses its gradients (a
     loop that saves every N micro-batches would otherwise repeat it at every save, on every rank)."""
-    from overdrive.runtime.group import rank
-
     if _warned_mid_window[0] or rank() != 0:
         return
     _warned_mid_window[0] = True
@@ -210,8 +227,6 @@ def _resolve_layout(layout: str | None, accelerate_layout: bool | None, async_sa
 def _can_save_alone(run: TrainingState, group: Group) -> bool:
     """Whether the main process holds the whole training state (one process, or DDP: no engine, no sharded
     parameter), so that it can save without the other processes."""
-    from torch.distributed.tensor import DTensor
-
     if group.rank != 0 or run.engine is not None:
         return False
     return not any(isinstance(p, DTensor) for model in run.objects.models for p in model.parameters())

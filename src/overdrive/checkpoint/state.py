@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -135,12 +136,7 @@ def optimizer_owner(optimizer: torch.optim.Optimizer, models: list[nn.Module]) -
 def capture_rng(device: torch.device) -> dict[str, Any]:
     """This process's RNG states: Python's, NumPy's, torch's CPU generator and the device's."""
     states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-    except ImportError:  # numpy is optional for torch
-        pass
-    else:
-        states["numpy"] = np.random.get_state()
+    states["numpy"] = np.random.get_state()
     module = _device_module(device)
     if module is not None:
         states["device"] = {"type": device.type, "state": module.get_rng_state()}
@@ -153,8 +149,6 @@ def restore_rng(states: dict[str, Any], device: torch.device) -> None:
     random.setstate(states["python"])
     torch.set_rng_state(states["torch"])
     if "numpy" in states:
-        import numpy as np
-
         np.random.set_state(states["numpy"])
     saved = states.get("device")
     module = _device_module(device)

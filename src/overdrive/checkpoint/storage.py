@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from overdrive._version import __version__
+from overdrive.checkpoint import fastread
 from overdrive.checkpoint.errors import CheckpointError
 
 MANIFEST = "manifest.json"
@@ -41,7 +44,7 @@ def checksum(path: str | os.PathLike) -> str:
     """CRC-32 of a file, as 8 hex digits (zlib's runs at several GB/s: see docs/checkpoints.md).
 
     The file is read into one reused 256 KiB buffer (it stays in the CPU's cache between the read and the
-    CRC). Not through a memory map, although that was up to 25% faster from the page cache: a mapped file
+    CRC). Not through a memory map, although that is faster from the page cache: a mapped file
     that another process truncates kills the reader with SIGBUS when it touches the lost pages, while a read
     just ends early (verify_files then reports the file as truncated)."""
     crc = 0
@@ -66,7 +69,6 @@ def describe_many(folder: Path, names: list[str], rank: int) -> dict[str, dict[s
     """:func:`describe` of several files at once (zlib's CRC releases the GIL: one thread per file)."""
     if len(names) < 2:
         return {name: describe(folder, name, rank) for name in names}
-    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=min(len(names), 4)) as pool:
         return dict(zip(names, pool.map(lambda name: describe(folder, name, rank), names)))
@@ -114,8 +116,6 @@ def fsync_dir(path: Path) -> None:
 def manifest_data(files: dict[str, dict[str, Any]], world_size: int, contents: dict[str, Any]) -> dict[str, Any]:
     """The manifest's content: format and versions, the world size that wrote it, what it holds
     (``contents``) and each file's size and checksum (``files``, sorted by name)."""
-    from overdrive._version import __version__
-
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "world_size": world_size,
             "versions": {"overdrive": __version__, "torch": torch.__version__}, "checksum": "crc32",
             "contents": contents, "files": dict(sorted(files.items()))}
@@ -145,7 +145,6 @@ def verify_files(folder: Path, manifest: dict[str, Any], names: list[str], with_
     world = manifest.get("world_size")
     sums: dict[str, str] = {}
     if with_checksums and len(names) > 1:  # every file's CRC at once (zlib releases the GIL)
-        from concurrent.futures import ThreadPoolExecutor
 
         present = [n for n in names if (folder / n).is_file()]
         with ThreadPoolExecutor(max_workers=min(len(present), 4) or 1) as pool:
@@ -235,8 +234,6 @@ class SafeFileSystemReader(FileSystemReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read whole tensors straight into their targets (``fastread``), file by file in offset order; the
         other items through DCP's own reader."""
-        from overdrive.checkpoint.fastread import read_in_place
-
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
@@ -246,7 +243,7 @@ class SafeFileSystemReader(FileSystemReader):
             with open(Path(self.path) / relative, "rb", buffering=0) as file:
                 for item in items:
                     info = self.storage_data[item.storage_index]
-                    if info.transform_descriptors or not read_in_place(file, info.offset, info.length, item, planner):
+                    if info.transform_descriptors or not fastread.read_in_place(file, info.offset, info.length, item, planner):
                         rest.append(item)
         if rest:
             return super().read_data(dataclasses.replace(plan, items=rest), planner)

@@ -1,7 +1,7 @@
 """A rank's DCP files, written with their CRC-32 computed on the way out.
 
 DCP's ``FileSystemWriter`` writes every tensor with ``torch.save``, whose zip writer computes a CRC-32 of
-each record (miniz's, about 1 GB/s on the development VM: most of the CPU time of a save), and the manifest
+each record (miniz's, slow enough to be most of the CPU time of a save: docs/benchmarks.md), and the manifest
 then needed a second CRC-32 (zlib's) of every finished file, read back from the page cache.
 :class:`ChecksummingWriter` writes the same files (same layout, each tensor a ``torch.save`` archive at the
 offset the metadata records, so DCP's reader and ``torch.load`` read them unchanged) with the archives'

@@ -20,6 +20,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata as metadata
 import os
+import pathlib
 import sys
 import warnings
 from collections.abc import Iterator
@@ -119,8 +120,6 @@ class _AccelerateDistribution(metadata.Distribution):
         return None
 
     def locate_file(self, path: str | os.PathLike[str]) -> Any:
-        import pathlib
-
         return pathlib.Path(__file__).parent / path
 
 

@@ -6,17 +6,25 @@ functions Accelerate's tests and libraries call, each running the ``overdrive`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import logging
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from overdrive.big_model.estimate import MemoryRow, create_empty_model, estimate_memory, format_table
+from overdrive.cli import UsageError, test_cmd, tpu_cmd
+from overdrive.cli.env_cmd import report
+from overdrive.cli.to_fsdp2_cmd import convert
+from overdrive.launchers.config_file import decode_text, load_yaml
+
 
 def _sub_parser(module: str, name: str, subparsers: Any = None) -> argparse.ArgumentParser:
     """``overdrive <name>``'s own parser (registered on ``subparsers`` when given)."""
-    import importlib
-
     if subparsers is not None:
         importlib.import_module(module).add_parser(subparsers)
         return subparsers.choices[name]
@@ -33,16 +41,12 @@ def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 def _module(name: str) -> Any:
     """``accelerate.commands.<name>`` as served (tests patch names there, e.g. ``which``, ``verify_on_hub``)."""
-    import importlib
-
     return importlib.import_module(f"overdrive.commands.{name}")
 
 
 def env_command(args: argparse.Namespace) -> dict[str, str]:
     """Accelerate's ``env_command``: print the environment report and return it as ``{field: value}``,
     with Accelerate's ``"`accelerate` bash location"`` field (the ``accelerate`` command on PATH)."""
-    from overdrive.cli.env_cmd import report
-
     text = report(getattr(args, "config_file", None))
     print(text)
     info = {"`accelerate` bash location": _module("env").which("accelerate") or "Not found"}
@@ -61,9 +65,7 @@ def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 def test_command(args: argparse.Namespace) -> None:
     """Accelerate's ``test_command``: train the built-in tiny model with the config; ``RuntimeError`` if the
     machine cannot."""
-    from overdrive.cli.test_cmd import run
-
-    code = run(args)
+    code = test_cmd.run(args)
     if code:
         raise RuntimeError(f"'overdrive test' failed with exit status {code}: see the errors above")
 
@@ -76,8 +78,6 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 def gather_data(args: argparse.Namespace) -> list[list[Any]]:
     """Accelerate's ``gather_data``: ``[dtype, largest layer bytes, total bytes, Adam training bytes]`` per
     dtype of ``args.dtypes``. A model that cannot be found raises ``OSError``, as Accelerate's does."""
-    from overdrive.big_model.estimate import create_empty_model, estimate_memory
-
     found = _module("estimate").verify_on_hub(args.model_name, getattr(args, "access_token", None))
     if found == "gated":
         raise OSError(f"Repo for model `{args.model_name}` is gated: accept its terms on the Hub, log in, and make "
@@ -92,8 +92,6 @@ def gather_data(args: argparse.Namespace) -> list[list[Any]]:
 
 def estimate_command(args: argparse.Namespace) -> list[list[Any]]:
     """Accelerate's ``estimate_command``: print the memory table and return its rows (``gather_data``)."""
-    from overdrive.big_model.estimate import MemoryRow, format_table
-
     rows = gather_data(args)
     print(format_table(args.model_name, [MemoryRow(d, largest, total, train, []) for d, largest, total, train in rows]))
     return rows
@@ -105,7 +103,7 @@ def verify_on_hub(repo: str, token: str | None = None) -> str | bool:
     if Path(repo).exists():
         return True
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # lazy: optional dependency
 
         return True if isinstance(try_to_load_from_cache(repo, "config.json"), str) else "repo"
     except (ImportError, ValueError):
@@ -126,16 +124,12 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
     """Accelerate's ``convert_config_to_fsdp2``: ``config`` with its ``fsdp_config`` in FSDP2 form (FSDP1-only
     keys dropped, the sharding strategy as ``fsdp_reshard_after_forward``, ``fsdp_version: 2``)."""
-    from overdrive.cli.to_fsdp2_cmd import convert
-
     return convert(config)[0]
 
 
 def load_config(config_file: str) -> dict[str, Any]:
     """Accelerate's ``to_fsdp2.load_config``: the config file as a mapping (a key given twice keeps its last
     value, with a warning); an empty file is ``ValueError``."""
-    from overdrive.launchers.config_file import decode_text, load_yaml
-
     path = Path(config_file)
     repeated: list[str] = []
     config = load_yaml(decode_text(path.read_bytes(), path), repeated)
@@ -151,9 +145,6 @@ def to_fsdp2_command(args: argparse.Namespace) -> None:
     missing ``--output_file`` without ``--overwrite`` ``ValueError``, an existing output ``FileExistsError``.
     The file is read through ``accelerate.commands.to_fsdp2.load_config`` (tests patch it there); what the
     conversion drops or changes is logged as warnings, as Accelerate's does."""
-    import yaml
-
-    from overdrive.cli.to_fsdp2_cmd import convert
 
     if not Path(args.config_file).exists():
         raise FileNotFoundError(f"Config file `{args.config_file}` not found")
@@ -184,11 +175,8 @@ def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 def tpu_command_launcher(args: argparse.Namespace) -> None:
     """Accelerate's ``tpu_command_launcher``: print the ``gcloud`` command that sets up the pod (``Running ...``,
     Accelerate's ``--debug`` line); it is not run. Missing commands or a bad version raise ``ValueError``."""
-    from overdrive.cli import UsageError
-    from overdrive.cli.tpu_cmd import run
-
     try:
-        run(args)
+        tpu_cmd.run(args)
     except UsageError as err:
         raise ValueError(str(err)) from None
 
@@ -210,8 +198,6 @@ class BaseConfig:
 
     def to_yaml_file(self, yaml_file: str) -> None:
         """Write the config as YAML."""
-        import yaml
-
         Path(yaml_file).write_text(yaml.safe_dump(self.to_dict()))
 
 
@@ -274,8 +260,6 @@ def config_record(data: dict[str, Any]) -> BaseConfig:
     """A checked launch config (``launchers.config_file.load_config``) as Accelerate's record: ``SageMakerConfig``
     for ``compute_environment: AMAZON_SAGEMAKER``, else ``ClusterConfig``. Keys of overdrive's schema that the
     record has no field for are kept as attributes."""
-    import dataclasses
-
     values = dict(data)
     sagemaker = str(values.get("compute_environment") or "LOCAL_MACHINE").upper() == "AMAZON_SAGEMAKER"
     kind: type[BaseConfig] = SageMakerConfig if sagemaker else ClusterConfig

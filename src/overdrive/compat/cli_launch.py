@@ -21,7 +21,20 @@ from collections import deque
 from contextlib import suppress
 from typing import Any
 
+import torch
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from overdrive.cli import UsageError
+from overdrive.cli.launch import add_launch_flags, plan_launch, read_config, run
+from overdrive.compat.alias import is_installed_as_accelerate
+from overdrive.compat.environment_checks import get_free_port
+from overdrive.helpers.environment import patch_environment
+from overdrive.launchers.accelerate_variables import variables_for_workers
+from overdrive.launchers.config_file import ConfigError
 from overdrive.launchers.failure_report import CHILD_STDERR_CHUNK_SIZE, CHILD_STDERR_TAIL_CHUNKS
+from overdrive.launchers.torchrun import last_failure_stderr, worker_environ
 
 try:  # Accelerate's launcher ends a child's whole tree through psutil (a dependency of Accelerate, not ours)
     import psutil
@@ -101,8 +114,6 @@ class AccelerateLaunchParser(argparse.ArgumentParser):
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """Accelerate's ``launch_command_parser``: the ``overdrive launch`` flags (all of ``accelerate launch``'s),
     the script and its arguments. With ``subparsers``, registered there as ``launch``."""
-    from overdrive.cli.launch import add_launch_flags
-
     description = ("Launch a python script in a distributed scenario (overdrive launch). Arguments can be passed "
                    "in with either hyphens (`--num-processes=2`) or underscores (`--num_processes=2`)")
     if subparsers is not None:
@@ -135,7 +146,6 @@ def overdrive_namespace(args: argparse.Namespace) -> argparse.Namespace:
         keep = dest in _KEEP or dest in given or changed
         setattr(out, dest, value if keep else None)
     out.module, out.no_python = bool(out.module), bool(out.no_python)
-    from overdrive.compat.alias import is_installed_as_accelerate
 
     # called through the alias (TRL's command line): the script gets 'accelerate' as this process does
     out.as_accelerate = bool(getattr(out, "as_accelerate", False)) or is_installed_as_accelerate()
@@ -148,11 +158,6 @@ def launch_command(args: argparse.Namespace) -> None:
     or config file raises ``ValueError`` (listing every problem); a failed run ``subprocess.CalledProcessError``
     whose ``stderr`` is the end of the failed processes' stderr (also its ``__cause__``, as in Accelerate);
     with ``--quiet``, ``SystemExit(1)`` instead."""
-    from overdrive.cli import UsageError
-    from overdrive.cli.launch import run
-    from overdrive.launchers.config_file import ConfigError
-    from overdrive.launchers.torchrun import last_failure_stderr
-
     try:
         code = run(overdrive_namespace(args))
     except (UsageError, ConfigError) as err:
@@ -253,11 +258,7 @@ def multi_gpu_launcher(args: argparse.Namespace) -> None:
     """Accelerate's ``multi_gpu_launcher``: torchrun, in this process, over ``prepare_multi_gpu_env``'s
     environment. Ctrl-C exits 130 and a signal 128 + its number (torchrun has stopped the workers); with
     ``--quiet`` a failed worker's error is printed without the launcher's traceback and exits 1."""
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from overdrive.helpers.misc import patch_environment
 
     env = _served().prepare_multi_gpu_env(args)
     quiet = bool(getattr(args, "quiet", False))
@@ -283,8 +284,6 @@ def multi_gpu_launcher(args: argparse.Namespace) -> None:
 def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
     """Accelerate's ``_validate_launch_command``: ``args`` completed from the config file (flags given win),
     the config read (or None) and whether the mixed precision came from it."""
-    from overdrive.cli.launch import read_config
-
     config, _ = read_config(overdrive_namespace(args))
     given = set(getattr(args, "nondefault", set()))
     for key, value in config.items():
@@ -314,15 +313,10 @@ def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespa
 
 
 def _device_count() -> int:
-    import torch
-
     return torch.accelerator.device_count() if torch.accelerator.is_available() else 0
 
 
 def _plan_environ(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    from overdrive.cli.launch import plan_launch
-    from overdrive.launchers.torchrun import worker_environ
-
     given = overdrive_namespace(args)
     script = given.training_script
     missing = not given.module and not given.no_python and script and not os.path.isfile(str(script))
@@ -362,7 +356,6 @@ def _mpirun_args(args: argparse.Namespace) -> list[str]:
     hostfile = getattr(args, "mpirun_hostfile", None)
     if hostfile is None:
         return []
-    import importlib
 
     launch = importlib.import_module("overdrive.utils.launch")
     found = [name for name in ("mpirun", "mpiexec") if launch.which(name)]
@@ -386,8 +379,6 @@ def _mpirun_args(args: argparse.Namespace) -> list[str]:
 def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     """Accelerate's ``prepare_multi_gpu_env``: the workers' environment for ``args``; like Accelerate it fills
     torchrun's fields on ``args`` (``master_port`` a free port when ``main_process_port`` is 0)."""
-    from overdrive.compat.other import get_free_port
-
     if getattr(args, "main_process_port", None) == 0:
         args.main_process_port = get_free_port()
     elif getattr(args, "main_process_port", None) is None:
@@ -404,8 +395,6 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
 
 def _environ_only(args: argparse.Namespace) -> dict[str, str]:
     """The variables for ``args`` without a script to check (Accelerate builds them without one)."""
-    from overdrive.launchers.accelerate_variables import variables_for_workers
-
     env = dict(os.environ)
     env.update(variables_for_workers({"mixed_precision": getattr(args, "mixed_precision", "no"),
                                       "debug": bool(getattr(args, "debug", False))}))

@@ -11,15 +11,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from overdrive.cli import main as cli_main
+from overdrive.cli.config_cmd import Asker, _device, questionnaire, run_questions, run_update
+from overdrive.cli.to_fsdp2_cmd import DROPPED, RESHARD
 from overdrive.compat.cli_commands import _sub_parser
+from overdrive.compat.cli_launch import launch_command
+from overdrive.compat.config_commands import _default_config_file, write_basic_config
+from overdrive.compat.enums import ConversionStatus
+from overdrive.compat.fsdp import merge_fsdp_weights
 from overdrive.config.compile import DynamoBackend
+from overdrive.helpers.imports import is_timm_available, is_transformers_available
 
 # -- the entry points: `python -m accelerate.commands.<name>` and the `accelerate` console script ------------------
 
 
 def _run_overdrive(*argv: str) -> None:
-    from overdrive.cli import main as cli_main
-
     code = cli_main([*argv, *sys.argv[1:]])
     if code:
         raise SystemExit(code)
@@ -97,8 +103,6 @@ def update_command_parser(parser: Any, parents: Any = None) -> argparse.Argument
 
 def default_config_command(args: argparse.Namespace) -> None:
     """Write a config file for this machine (``overdrive config default``); print where."""
-    from overdrive.compat.other import write_basic_config
-
     path = write_basic_config(getattr(args, "mixed_precision", "no") or "no", getattr(args, "config_file", None))
     if path:
         print(f"accelerate configuration saved at {path}")
@@ -107,9 +111,6 @@ def default_config_command(args: argparse.Namespace) -> None:
 def update_config(args: argparse.Namespace) -> str:
     """Rewrite an existing config file with the current keys; returns its path. A missing file is
     ``ValueError`` naming it."""
-    from overdrive.cli.config_cmd import run_update
-    from overdrive.compat.other import _default_config_file
-
     config_file = getattr(args, "config_file", None) or _default_config_file()
     if not Path(config_file).exists():
         raise ValueError(f"The passed config file located at {config_file} doesn't exist.")
@@ -124,15 +125,11 @@ def update_config_command(args: argparse.Namespace) -> None:
 
 def config_command(args: argparse.Namespace) -> None:
     """Ask the questions and write the config file (``overdrive config``)."""
-    from overdrive.cli.config_cmd import run_questions
-
     run_questions(argparse.Namespace(config_file=getattr(args, "config_file", None)))
 
 
 def get_user_input() -> dict[str, Any]:
     """Ask the config questions on this terminal; the answers as config-file keys."""
-    from overdrive.cli.config_cmd import Asker, _device, questionnaire
-
     return questionnaire(Asker(), *_device())
 
 
@@ -145,8 +142,6 @@ merge_description = ("Utility to merge the weights from multiple FSDP checkpoint
 
 def merge_command(args: argparse.Namespace) -> None:
     """Merge a sharded checkpoint's model into full weights (``merge_fsdp_weights``)."""
-    from overdrive.compat.fsdp import merge_fsdp_weights
-
     merge_fsdp_weights(args.checkpoint_directory, args.output_path, not args.unsafe_serialization,
                        args.remove_checkpoint_dir)
 
@@ -224,8 +219,6 @@ class CustomHelpFormatter(argparse.HelpFormatter):
 
 
 def _launch(args: argparse.Namespace) -> None:
-    from overdrive.compat.cli_launch import launch_command
-
     launch_command(args)
 
 
@@ -240,8 +233,6 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
 def check_has_model(error: BaseException) -> str:
     """Which library raised ``error`` on a model it could not find: ``"timm"``, ``"transformers"`` or
     ``"unknown"``."""
-    from overdrive.helpers.imports import is_timm_available, is_transformers_available
-
     message = str(error)
     if is_timm_available() and ((isinstance(error, RuntimeError) and "Unknown model" in message)
                                 or type(error).__name__ == "EntryNotFoundError"
@@ -284,9 +275,6 @@ def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config: str 
 
 
 def _key_mapping() -> dict[str, Any]:
-    from overdrive.cli.to_fsdp2_cmd import DROPPED
-    from overdrive.compat.kinds import ConversionStatus
-
     kept = ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_auto_wrap_policy", "fsdp_cpu_ram_efficient_loading",
             "fsdp_offload_params", "fsdp_state_dict_type", "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params",
             "fsdp_activation_checkpointing")
@@ -296,8 +284,6 @@ def _key_mapping() -> dict[str, Any]:
 
 
 def _value_mapping() -> dict[str, dict[str, bool]]:
-    from overdrive.cli.to_fsdp2_cmd import RESHARD
-
     return {"fsdp_sharding_strategy": dict(RESHARD), "fsdp_reshard_after_forward": dict(RESHARD)}
 
 

@@ -9,12 +9,26 @@ one world size loads at another. ``merge_fsdp_weights`` is overdrive's ``merge-w
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
+from overdrive.checkpoint.export import merge_weights
+from overdrive.checkpoint.folder import load_folder, save_folder
 from overdrive.compat.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 
 
@@ -31,8 +45,6 @@ def _folder(root: str | os.PathLike, stem: str, index: int) -> Path:
 
 
 def _options() -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(full_state_dict=False)
 
 
@@ -44,9 +56,6 @@ def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: nn.Module, output
                     model_index: int = 0, adapter_only: bool = False) -> None:
     """Write ``model``'s (sharded) state to ``output_dir/pytorch_model_fsdp[_<index>]``; call on every process.
     The folder appears only once every process wrote its part (an older one is replaced then)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    from overdrive.checkpoint.folder import save_folder
 
     state = get_model_state_dict(_inner(model), options=_options())
     if adapter_only:
@@ -58,13 +67,6 @@ def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: nn.Module, input_
                     model_index: int = 0, adapter_only: bool = False) -> None:
     """Read what ``save_fsdp_model`` wrote into ``model`` (at this or another number of processes); a read
     that fails leaves ``model`` as it was."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        set_model_state_dict,
-    )
-
-    from overdrive.checkpoint.folder import load_folder
 
     folder = _folder(input_dir, FSDP_MODEL_NAME, model_index)
     if not folder.is_dir():
@@ -80,9 +82,6 @@ def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: nn.Module, input_
 def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: nn.Module,
                         output_dir: str | os.PathLike, optimizer_index: int = 0) -> None:
     """Write ``optimizer``'s (sharded) state to ``output_dir/optimizer[_<index>]``; call on every process."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    from overdrive.checkpoint.folder import save_folder
 
     inner_optimizer = getattr(optimizer, "optimizer", optimizer)
     state = get_optimizer_state_dict(_inner(model), inner_optimizer, options=_options())
@@ -92,9 +91,6 @@ def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, mode
 def load_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: nn.Module,
                         input_dir: str | os.PathLike, optimizer_index: int = 0, adapter_only: bool = False) -> None:
     """Read what ``save_fsdp_optimizer`` wrote into ``optimizer``; a read that fails leaves it as it was."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-    from overdrive.checkpoint.folder import load_folder
 
     folder = _folder(input_dir, OPTIMIZER_NAME, optimizer_index)
     if not folder.is_dir():
@@ -116,13 +112,8 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
 
     ``checkpoint_dir`` is a ``save_fsdp_model`` folder (``pytorch_model_fsdp_0``-style) or an overdrive
     ``save_state`` folder."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     source = Path(checkpoint_dir)
     if (source / "manifest.json").is_file() or not (source / ".metadata").is_file():
-        from overdrive.checkpoint.export import merge_weights
-
         merge_weights(source, output_path, safe_serialization=safe_serialization)
     else:
         out = Path(output_path)
@@ -135,8 +126,6 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
         if weights and all(key.startswith("model.") for key in weights):  # written flat by save_fsdp_model
             weights = {key[len("model."):]: value for key, value in weights.items()}
         if safe_serialization:
-            from safetensors.torch import save_file
-
             save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
                       metadata={"format": "pt"})
         else:
@@ -158,11 +147,23 @@ def get_parameters_from_modules(modules: Any, model: nn.Module, device: Any) -> 
     """The parameters of ``modules``: modules, or a regular expression matched against ``model``'s submodule
     names (those are moved to ``device`` first, as Accelerate does). None gives an empty set (TRL reads the
     FSDP plugin's ``ignored_modules`` with it)."""
-    import re
-
     if modules is None:
         return set()
     if isinstance(modules, str):
         pattern = re.compile(modules)
         modules = [sub.to(device) for name, sub in model.named_modules() if pattern.fullmatch(name)]
     return {param for sub in modules for param in sub.parameters()}
+
+
+def _ram_efficient_loading(value: str) -> Callable[[], None]:
+    def switch() -> None:
+        # Accelerate's FSDP plugin reads this variable when built; ours reads it in the resolver.
+        os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = value
+
+    switch.__name__ = "enable_fsdp_ram_efficient_loading" if value == "True" else "disable_fsdp_ram_efficient_loading"
+    switch.__doc__ = f"Set FSDP_CPU_RAM_EFFICIENT_LOADING={value} for FSDP plugins built afterwards."
+    return switch
+
+
+enable_fsdp_ram_efficient_loading = _ram_efficient_loading("True")
+disable_fsdp_ram_efficient_loading = _ram_efficient_loading("False")

@@ -4,20 +4,54 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
+import importlib
 import os
+import random
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
-from overdrive.compat.other import get_pretty_name, load, save
+from overdrive.checkpoint.accelerate_format import load_accelerate_checkpoint
+from overdrive.compat.cli_launch import prepare_multi_gpu_env
+from overdrive.compat.environment_checks import get_free_port
+from overdrive.compat.fsdp import get_module_class_from_name
+from overdrive.compat.model_helpers import load, save
+from overdrive.config.enums import DistributedType
+from overdrive.data import IterableDatasetShard, SeedableRandomSampler
+from overdrive.helpers.imports import get_torch_accelerator_backend
 from overdrive.helpers.logging import get_logger
+from overdrive.training.state import PartialState
+from overdrive.transforms.activation_checkpointing import apply_activation_checkpointing
+from overdrive.transforms.blocks import blocks_to_wrap
 
 logger = get_logger("accelerate.checkpointing")
+
+
+def get_pretty_name(obj: Any) -> str:
+    """The qualified name of ``obj`` (or of its class)."""
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
+
+
+def merge_dicts(source: dict, destination: dict) -> dict:
+    """Merge ``source`` into ``destination`` recursively (nested dicts merge, other values overwrite)."""
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination
 
 
 def save_custom_state(obj: Any, path: str | os.PathLike, index: int = 0, save_on_each_node: bool = False) -> None:
@@ -70,8 +104,6 @@ class TorchTensorParallelConfig:
 
     def __post_init__(self) -> None:
         if self.enable_async_tp:
-            import warnings
-
             warnings.warn("Async tensor parallelism is currently not supported, ignoring this option.", stacklevel=3)
 
 
@@ -101,8 +133,6 @@ class PrepareForLaunch:
     gloo group through the file store ``ACCELERATE_DEBUG_RDV_FILE``; then calls ``launcher(*args)``."""
 
     def __init__(self, launcher: Callable[..., Any], distributed_type: Any = "NO", debug: bool = False) -> None:
-        from overdrive.config.enums import DistributedType
-
         self.launcher = launcher
         self.distributed_type = DistributedType(distributed_type)
         self.debug = debug
@@ -124,8 +154,6 @@ class PrepareForLaunch:
 
 
 def _wrap_kind(policy: Any) -> str | None:
-    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
-
     policy = policy.func if isinstance(policy, functools.partial) else policy
     if policy is transformer_auto_wrap_policy or policy == "transformer_based_wrap":
         return "transformer"
@@ -139,8 +167,6 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: Any, model: nn.Module) -> Calla
     ``fully_shard``): the transformer classes named in ``transformer_cls_names_to_wrap`` (default: those of the
     model's ``_no_split_modules`` it has), or more than ``min_num_params`` parameters; None for any other policy.
     A named class the model does not have is ``ValueError``."""
-    from overdrive.compat.fsdp import get_module_class_from_name
-
     kind = _wrap_kind(fsdp2_plugin.auto_wrap_policy)
     if kind == "size":
         floor = int(fsdp2_plugin.min_num_params or 0)
@@ -169,8 +195,6 @@ def fsdp2_load_full_state_dict(accelerator: Any, model: nn.Module, full_sd: dict
     """Load a full state dict held by the main process (the others may pass ``{}``) into a model sharded with
     FSDP2: every tensor is broadcast from rank 0 and each rank keeps its shard; ``cpu_offload`` leaves the
     shards on the CPU; ``full_sd`` itself is left as it was. A collective: every process calls it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=accelerator.num_processes > 1,
                                cpu_offload=cpu_offload, strict=True)
     set_model_state_dict(model, dict(full_sd), options=options)  # torch puts the shards in the dict it is given
@@ -186,9 +210,6 @@ def fsdp2_apply_ac(accelerator: Any, model: nn.Module) -> nn.Module:
     """``model`` with activation checkpointing around each of its blocks (the plugin's
     ``transformer_cls_names_to_wrap``, else the model's repeated blocks), as FSDP2's
     ``activation_checkpointing=True`` applies it; returns the model."""
-    from overdrive.transforms.activation_checkpointing import apply_activation_checkpointing
-    from overdrive.transforms.blocks import blocks_to_wrap
-
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     apply_activation_checkpointing(blocks_to_wrap(model, getattr(plugin, "transformer_cls_names_to_wrap", None)))
     return model
@@ -232,11 +253,7 @@ def _indexed_name(stem: str, suffix: str, index: int) -> str:
 
 
 def _rng_states(step: int) -> dict[str, Any]:
-    import random
 
-    import numpy as np
-
-    from overdrive.helpers.imports import get_torch_accelerator_backend
 
     states: dict[str, Any] = {"step": step, "random_state": random.getstate(),
                               "numpy_random_seed": np.random.get_state(), "torch_manual_seed": torch.get_rng_state()}
@@ -255,8 +272,6 @@ def save_accelerator_state(output_dir: str | os.PathLike, model_states: list[dic
     ``pytorch_model[_i].bin``), ``optimizer[_i].bin``, ``scheduler[_i].bin``, the seeded samplers of iterable
     loaders (``sampler[_i].bin``) and stateful loaders' ``dl_state_dict[_i].bin``, ``scaler.pt``, and this
     process's ``random_states_{process_index}.pkl`` (with ``step``); returns the folder."""
-    from overdrive.data import IterableDatasetShard, SeedableRandomSampler
-
     folder = Path(output_dir)
     stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
     for i, state in enumerate(model_states):
@@ -285,14 +300,10 @@ def load_accelerator_state(input_dir: str | os.PathLike, models: list, optimizer
     objects and this process's RNG states; returns ``{"step": ...}`` when the RNG file has one. The files are
     unpickled (optimizer, scheduler and RNG states are pickles): load only folders you trust. ``map_location``
     is ``None`` / ``"cpu"`` / ``"on_device"``; ``load_model_func_kwargs`` go to ``load_state_dict`` (``strict``)."""
-    from overdrive.checkpoint.accelerate_format import load_accelerate_checkpoint
-
     if map_location not in (None, "cpu", "on_device"):
         raise TypeError(f"map_location={map_location!r} is not valid; choose None, 'cpu' or 'on_device'")
     kwargs = dict(load_kwargs or {})
     if map_location == "on_device":
-        from overdrive.training.state import PartialState
-
         kwargs.setdefault("map_location", PartialState().device)
     report = load_accelerate_checkpoint(input_dir, models=models, optimizers=optimizers, schedulers=schedulers,
                                         dataloaders=dataloaders, custom_objects=[], scaler=scaler,
@@ -332,10 +343,6 @@ def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str] | Non
     machines with a launcher other than ``standard``, DeepSpeed's own ``deepspeed --hostfile ...`` command line;
     otherwise no command (torchrun starts the workers, its fields filled on ``args``) and the workers'
     environment, as ``prepare_multi_gpu_env`` builds it."""
-    import copy
-
-    from overdrive.compat.cli_launch import prepare_multi_gpu_env
-    from overdrive.compat.other import get_free_port
 
     if getattr(args, "main_process_port", None) == 0:
         args.main_process_port = get_free_port()
@@ -365,8 +372,6 @@ def deepspeed_cpu_optimizer_spec(optimizer: torch.optim.Optimizer) -> tuple[str,
 def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> Any:
     """``optimizer`` as the DeepSpeed CPU optimizer of the same kind over the same parameters (for ZeRO's CPU
     offload); builds DeepSpeed's C++ op on first use."""
-    import importlib
-
     target, kwargs = deepspeed_cpu_optimizer_spec(optimizer)
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)(optimizer.param_groups, **kwargs)

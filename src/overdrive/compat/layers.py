@@ -4,6 +4,7 @@ Accelerate's torchao conversion helpers."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -13,8 +14,6 @@ from overdrive.precision.fp8 import first_and_last_linear
 
 
 def _has_layer(model: nn.Module, module: str, names: tuple[str, ...]) -> bool:
-    import importlib.util
-
     if importlib.util.find_spec(module.split(".")[0]) is None:
         return False
     return any(type(layer).__name__ in names and type(layer).__module__.startswith(module.split(".")[0])
@@ -62,7 +61,7 @@ def convert_model_to_fp8_ao(model: nn.Module, config: Any = None,
     ``convert_to_float8_training`` with ``config``), except, by default, the model's first and last linear
     layers and those with a size that is not a multiple of 16. The Accelerator does this itself under
     ``mixed_precision="fp8"``; this is Accelerate's function for code that converts by hand."""
-    from torchao.float8 import convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training  # lazy: optional dependency
 
     if module_filter_func is None:
         module_filter_func = functools.partial(filter_linear_layers,

@@ -11,17 +11,17 @@ from typing import Any
 import torch
 
 import overdrive.helpers.ops as ops
+from overdrive.helpers.imports import is_deepspeed_available
 from overdrive.helpers.ops import CannotPadNestedTensorWarning  # noqa: F401 (Accelerate's name, in accelerate.utils)
+from overdrive.training.state import PartialState
 
 
 def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module: Any = None,  # noqa: N802
                        enabled: bool = True) -> contextlib.AbstractContextManager:
     """DeepSpeed ZeRO-3's ``GatheredParameters`` when DeepSpeed is installed and a ZeRO-3 run is on;
     a no-op block otherwise (the parameters are whole already)."""
-    from overdrive.helpers.imports import is_deepspeed_available
-
     if enabled and is_deepspeed_available():
-        import deepspeed
+        import deepspeed  # lazy: optional dependency
 
         return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank, fwd_module=fwd_module,
                                                  enabled=enabled)
@@ -80,8 +80,6 @@ _MAX_SHAPE_LENGTH = 2**20
 def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]:
     """The shape of a tensor that exists on one process only (``None`` elsewhere), on every process: a tensor
     of its sizes and its dtype code (``TENSOR_INT_TO_DTYPE``). A collective: every process calls it."""
-    from overdrive.training.state import PartialState
-
     device = PartialState().device
     header = torch.zeros(_MAX_SHAPE_LENGTH, dtype=torch.int, device=device)
     if tensor is not None:
@@ -103,8 +101,6 @@ def verify_operation(function: Callable) -> Callable:
     raising ``DistributedOperationException`` with each process's shapes instead of hanging."""
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from overdrive.training.state import PartialState
-
         state = PartialState()
         if state.num_processes == 1 or not state.debug:
             return function(*args, **kwargs)

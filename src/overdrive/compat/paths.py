@@ -20,8 +20,11 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import sys
+import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
+
+from overdrive._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from importlib.abc import Loader
@@ -39,6 +42,7 @@ SERVED_ROOTS = frozenset({"utils", "hooks", "big_modeling", "inference", "data_l
 
 def served_paths() -> list[str]:
     """Every ``overdrive.<path>`` this finder serves (the table's thin modules and its same-module paths)."""
+    # lazy: import overdrive loads this module; the table loads only when a served path is used
     from overdrive.compat.table import NAMES, SAME_MODULE
 
     return sorted({*NAMES, *SAME_MODULE} - {"overdrive"})
@@ -46,7 +50,7 @@ def served_paths() -> list[str]:
 
 class _ServedLoader:
     """Builds the module of one served path from its row of the table (the loader protocol of PEP 451; no
-    ``importlib.abc`` base: importing that module costs ``import overdrive`` ~10 ms of importlib.resources)."""
+    ``importlib.abc`` base: importing that module would load importlib.resources at every ``import overdrive``)."""
 
     def __init__(self, same_module: str | None) -> None:
         self.same_module = same_module
@@ -67,7 +71,7 @@ class _ServedLoader:
             # the import system stamped the served spec on it: the module keeps its own identity
             module.__spec__ = self.own_spec
             return
-        from overdrive._lazy import lazy_exports
+        # lazy: import overdrive loads this module; the table loads only when a served path is used
         from overdrive.compat.table import NAMES, REMOVED
 
         names = NAMES[module.__name__]
@@ -91,8 +95,8 @@ def _warning_on(removed: dict[str, tuple[str, str]], module: str, names: dict[st
     def __getattr__(name: str) -> Any:
         if name not in removed:
             return getter(name)
-        import warnings
 
+        # lazy: import overdrive loads this module; the table loads only when a served path is used
         from overdrive.compat.table import removed_warning
 
         dotted = f"accelerate{module[len('overdrive'):]}.{name}"
@@ -115,6 +119,7 @@ class _ServedFinder:  # the meta path finder protocol (no importlib.abc base: se
             return None
         self.busy = True
         try:
+            # lazy: import overdrive loads this module; the table loads only when a served path is used
             from overdrive.compat.table import NAMES, SAME_MODULE
         finally:
             self.busy = False

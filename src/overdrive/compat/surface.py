@@ -20,6 +20,7 @@ import torch
 from packaging.version import parse
 from torch import nn
 
+from overdrive.big_model.sizes import find_tied_parameters
 from overdrive.helpers.environment import parse_flag_from_env, set_numa_affinity
 from overdrive.helpers.logging import get_logger
 
@@ -144,8 +145,6 @@ def get_parameter_device(parameter: nn.Module) -> torch.device:
 def get_keys_to_not_convert(model: nn.Module) -> list[str]:
     """The module names to keep in full precision when quantising ``model``: its tied weights and its last
     child (the head); none for a base model (``base_model_prefix`` not an attribute) without tied weights."""
-    from overdrive.big_model.sizes import find_tied_parameters
-
     tied_keys = [name for group in find_tied_parameters(model) for name in group]
     prefix = getattr(model, "base_model_prefix", None)
     is_base_model = isinstance(prefix, str) and not hasattr(model, prefix)
@@ -169,7 +168,7 @@ class DataLoaderAdapter:
         self.use_stateful_dataloader = use_stateful_dataloader
         self.base_dataloader: Any
         if use_stateful_dataloader:
-            from torchdata.stateful_dataloader import StatefulDataLoader
+            from torchdata.stateful_dataloader import StatefulDataLoader  # lazy: optional dependency
 
             self.base_dataloader = StatefulDataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
         else:

@@ -5,7 +5,6 @@
 - :data:`NAMES`: for each thin re-export module (and the extra names of ``overdrive`` and
   ``overdrive.utils``), name -> the overdrive module that defines it.
 - :data:`ABSENT`: Accelerate names overdrive does not provide, with the reason.
-- :data:`PENDING`: names another part of overdrive is building, with who builds them.
 
 ``tests/compat/test_accelerate_compat.py`` checks this table against the installed Accelerate, and
 ``scripts/accelerate_parity.py`` writes docs/accelerate_parity.md from it. Pure data: importing it is cheap.
@@ -42,7 +41,7 @@ SAME_MODULE: dict[str, str] = {
     "overdrive.utils.rich": "overdrive.compat.rich_traceback",
     "overdrive.memory_utils": "overdrive.compat.memory_utils",
 }
-#: the big-model compat modules (built by the big-model work, issue 13)
+#: the big-model compat modules
 BIG_MODEL = ("hooks", "big_modeling", "inference", "utils.modeling", "utils.offload")
 
 MODULES: dict[str, str] = {"accelerate": "overdrive"} | {
@@ -63,10 +62,11 @@ def _names(source: str, text: str) -> dict[str, str]:
 
 _C, _OPS, _REF = "overdrive.config", "overdrive.helpers.ops", "overdrive.compat.refusals"
 _IMP = "overdrive.helpers.imports"
-_OTHER, _ENV, _K = "overdrive.compat.other", "overdrive.helpers.environment", "overdrive.compat.constants"
+_MODEL, _ENV, _K = "overdrive.compat.model_helpers", "overdrive.helpers.environment", "overdrive.compat.constants"
+_CHECKS, _CONFIG = "overdrive.compat.environment_checks", "overdrive.compat.config_commands"
 _CLI, _CMD = "overdrive.compat.cli_launch", "overdrive.compat.cli_commands"
 _SURF, _MOD = "overdrive.compat.surface", "overdrive.compat.cli_modules"
-_INT = "overdrive.compat.internals"
+_INT, _BM = "overdrive.compat.internals", "overdrive.big_model"
 _IS_AVAILABLE = (
     "is_4bit_bnb_available is_8bit_bnb_available is_aim_available is_amdsmi_available is_bf16_available "
     "is_bitsandbytes_multi_backend_available is_bnb_available is_boto3_available is_clearml_available "
@@ -103,7 +103,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
                      "PrecisionType ProfileKwargs ProjectConfiguration RNGType TorchTensorParallelPlugin "
                      "TorchDynamoPlugin AORecipeKwargs TERecipeKwargs TorchContextParallelConfig "
                      "DeepSpeedSequenceParallelConfig"),
-        **_names("overdrive.compat.kinds", "ComputeEnvironment CustomDtype DynamoBackend SageMakerDistributedType "
+        **_names("overdrive.compat.enums", "ComputeEnvironment CustomDtype DynamoBackend SageMakerDistributedType "
                                            "BaseEnum EnumWithContains FP8BackendType"),
         **_names(_SURF, "FP8Format AmaxComputeAlgorithm ProfilerActivity MODEL_CONFIGS_TO_MEGATRON_PARSERS"),
         "logger": f"{_SURF}:dataclasses_logger",
@@ -140,30 +140,32 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     "overdrive.utils.fsdp_utils": {
         **_names("overdrive.compat.fsdp", "save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer "
                                           "merge_fsdp_weights get_parameters_from_modules"),
-        **_names(_OTHER, "enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading"),
+        **_names("overdrive.compat.fsdp", "enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading"),
         **_names(_INT, "fsdp2_switch_optimizer_parameters fsdp2_canonicalize_names get_fsdp2_grad_scaler "
                        "fsdp2_prepare_model fsdp2_load_full_state_dict fsdp2_apply_ac ensure_weights_retied "
                        "fsdp2_prepare_auto_wrap_policy"),
         "logger": f"{_SURF}:fsdp_utils_logger",
     },
     "overdrive.utils.other": {
-        **_names(_OTHER, "check_os_kernel clean_state_dict_for_safetensors convert_bytes get_module_children_bottom_up "
-                         "get_pretty_name has_compiled_regions is_compiled_module is_port_in_use load merge_dicts "
-                         "model_has_dtensor recursive_getattr save get_model_tp_size get_free_port"),
-        **_names("overdrive.helpers.misc", "extract_model_from_parallel wait_for_everyone"),
+        **_names(_MODEL, "clean_state_dict_for_safetensors get_module_children_bottom_up has_compiled_regions "
+                         "is_compiled_module load model_has_dtensor recursive_getattr save get_model_tp_size"),
+        **_names(_CHECKS, "check_os_kernel is_port_in_use get_free_port"),
+        **_names(_INT, "get_pretty_name merge_dicts"),
+        **_names(f"{_BM}.estimate", "convert_bytes"),
+        **_names("overdrive.helpers.unwrap", "extract_model_from_parallel"), **_names(_OPS, "wait_for_everyone"),
         **_names("overdrive.helpers.imports", "is_torch_distributed_available"),
         **_names("overdrive.compat.regions", "compile_regions compile_regions_deepspeed compile_regions_fsdp2 "
                                              "has_repeated_blocks is_repeated_blocks"),
         **_names(_SURF, "TORCH_SAFE_GLOBALS np_core"), "logger": f"{_SURF}:other_logger",
     },
-    "overdrive.utils.versions": {**_names(_OTHER, "compare_versions is_torch_version"),
+    "overdrive.utils.versions": {**_names(_CHECKS, "compare_versions is_torch_version"),
                                  **_names(_SURF, "torch_version")},
     "overdrive.utils.environment": {
         **_names(_ENV, "are_libraries_initialized check_cuda_fp8_capability check_cuda_p2p_ib_support "
                        "clear_environment convert_dict_to_env_variables get_cpu_distributed_information "
                        "get_current_device_type get_gpu_info get_int_from_env parse_choice_from_env "
                        "parse_flag_from_env purge_accelerate_environment set_numa_affinity str_to_bool"),
-        **_names("overdrive.helpers.misc", "patch_environment"),
+        **_names(_ENV, "patch_environment"),
         **_names(_SURF, "CPUInformation get_driver_version override_numa_affinity"),
         "logger": f"{_SURF}:environment_logger",
     },
@@ -196,7 +198,6 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     "overdrive.utils.torch_xla": _names(_REF, "install_xla"),
 }
 
-_BM = "overdrive.big_model"
 # big-model names (accelerate.utils.modeling / offload, accelerate.hooks, accelerate.big_modeling)
 _MODELING = {
     **_names(f"{_BM}.checkpoint_files", "load_state_dict"),
@@ -213,7 +214,7 @@ _MODELING = {
                              "named_module_tensors retie_parameters"),
     **_names(f"{_BM}.state_dicts", "get_state_dict_from_offload get_state_dict_offloaded_model"),
     **_names(f"{_BM}.tensors", "set_module_tensor_to_device"),
-    **_names(_OTHER, "get_grad_scaler get_mixed_precision_context_manager is_peft_model"),
+    **_names(_MODEL, "get_grad_scaler get_mixed_precision_context_manager is_peft_model"),
     **_names("overdrive.helpers.memory", "normalize_device get_accelerator_free_memory"),
     **_names(_K, "WEIGHTS_INDEX_NAME"), "logger": f"{_SURF}:modeling_logger",
 }
@@ -235,7 +236,7 @@ _BIG_MODELING = {
     **_names(f"{_BM}.planning", "check_device_map get_balanced_memory infer_auto_device_map"),
     **_names(f"{_BM}.sizes", "find_tied_parameters get_max_memory retie_parameters"),
     **_names(f"{_BM}.tensors", "set_module_tensor_to_device"),
-    **_names(_OTHER, "_refuse_recurrent_layers_under_sequence_parallelism"),
+    **_names(_MODEL, "_refuse_recurrent_layers_under_sequence_parallelism"),
     "logger": f"{_SURF}:big_modeling_logger",
 }
 _INFERENCE = {**_names(f"{_BM}.pippy", "prepare_pippy find_pippy_batch_size generate_device_map"),
@@ -258,8 +259,9 @@ _UTILS: dict[str, str] = {
     **_names("overdrive.helpers.memory", "find_executable_batch_size release_memory clear_device_cache "
                                        "should_reduce_batch_size"),
     **_names("overdrive.helpers.random", "set_seed synchronize_rng_state synchronize_rng_states"),
-    **_names("overdrive.helpers.misc", "tqdm is_package_available"),
-    **_names(_OTHER, "write_basic_config is_peft_model get_grad_scaler get_mixed_precision_context_manager"),
+    **_names("overdrive.helpers.logging", "tqdm"), **_names(_IMP, "is_package_available"),
+    **_names(_CONFIG, "write_basic_config"),
+    **_names(_MODEL, "is_peft_model get_grad_scaler get_mixed_precision_context_manager"),
     **_names("overdrive.data", "skip_first_batches"),
     **_names("overdrive.helpers.memory", "normalize_device get_accelerator_free_memory"),
     **_names(_REF, "MegatronEngine MegatronLMOptimizerWrapper MegatronLMSchedulerWrapper "
@@ -298,11 +300,11 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.commands": {},
     "overdrive.commands.accelerate_cli": _names(_MOD, "main"),
     "overdrive.commands.config": {
-        **_names(_OTHER, "default_config_file load_config_from_file"),
+        **_names(_CONFIG, "default_config_file load_config_from_file"),
         **_names(_MOD, "config_command_parser default_command_parser get_config_parser update_command_parser"),
         "main": f"{_MOD}:config_main"},
     "overdrive.commands.config.config_args": {
-        **_names(_OTHER, "default_config_file load_config_from_file"),
+        **_names(_CONFIG, "default_config_file load_config_from_file"),
         **_names(_CMD, "BaseConfig ClusterConfig SageMakerConfig"),
         **_names(_MOD, "cache_dir default_json_config_file default_yaml_config_file hf_cache_home")},
     "overdrive.commands.config.cluster": _names(_MOD, "get_cluster_input"),
@@ -329,9 +331,9 @@ NAMES: dict[str, dict[str, str]] = {
         **_names(_ENV, "check_cuda_p2p_ib_support convert_dict_to_env_variables str_to_bool get_int_from_env"),
         **_names(_IMP, "get_distributed_backend get_torch_accelerator_backend is_bf16_available "
                        "is_deepspeed_available is_rich_available is_sagemaker_available is_torch_xla_available"),
-        **_names("overdrive.helpers.misc", "patch_environment"),
-        **_names(_C, "DistributedType"), **_names("overdrive.compat.kinds", "ComputeEnvironment"),
-        **_names(_OTHER, "default_config_file load_config_from_file"),
+        **_names(_ENV, "patch_environment"),
+        **_names(_C, "DistributedType"), **_names("overdrive.compat.enums", "ComputeEnvironment"),
+        **_names(_CONFIG, "default_config_file load_config_from_file"),
         **_names(_CMD, "SageMakerConfig"), **_names(_MOD, "DYNAMO_BACKENDS CustomArgumentParser")},
     "overdrive.commands.merge": {**_names(_MOD, "merge_command merge_command_parser"),
                                  "description": f"{_MOD}:merge_description", "main": f"{_MOD}:merge_main"},
@@ -346,21 +348,15 @@ NAMES: dict[str, dict[str, str]] = {
     "overdrive.commands.to_fsdp2": {
         **_names(_CMD, "to_fsdp2_command_parser to_fsdp2_command convert_config_to_fsdp2"),
         **_names(_MOD, "ARGUMENT_KEY_MAPPING ARGUMENT_VALUE_MAPPING"), **_names(_CMD, "load_config"),
-        **_names("overdrive.compat.kinds", "ConversionStatus"), "logger": f"{_SURF}:to_fsdp2_logger"},
+        **_names("overdrive.compat.enums", "ConversionStatus"), "logger": f"{_SURF}:to_fsdp2_logger"},
     "overdrive.commands.tpu": {**_names(_CMD, "tpu_command_parser tpu_command_launcher"), "main": f"{_MOD}:tpu_main"},
     "overdrive.commands.config.default": {
-        **_names(_OTHER, "write_basic_config"),
+        **_names(_CONFIG, "write_basic_config"),
         **_names(_MOD, "default_command_parser default_config_command"),
         "description": f"{_MOD}:default_description"},
     "overdrive.test_utils": _names("overdrive.compat.testing", "RegressionDataset RegressionModel"),
     "overdrive.test_utils.testing": _names("overdrive.compat.testing", "require_cpu slow"),
     "overdrive.test_utils.training": _names("overdrive.compat.testing", "RegressionDataset RegressionModel"),
-}
-
-#: names another part of overdrive is building: name -> who (tests skip them, naming the owner, until they exist)
-PENDING: dict[str, str] = {
-    **dict.fromkeys(_BIG_MODEL_UTILS, "bigmodel (issue 13): big-model compat modules"),
-    "prepare_pippy": "bigmodel (issue 13): big-model compat modules",
 }
 
 #: Accelerate names overdrive does not provide: name (or (overdrive module, name)) -> why. Only Accelerate's own

@@ -8,7 +8,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from overdrive.helpers.misc import tqdm
+from overdrive.helpers.logging import tqdm
 
 
 class _CallableModule(ModuleType):

@@ -8,16 +8,19 @@ save and restore its position for an exact mid-epoch resume.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
+import overdrive.helpers.ops as ops
 from overdrive.data.sampler import BatchSamplerShard, IterableDatasetShard
 from overdrive.data.shuffling import _find_seedable
 from overdrive.data.stateful import SelfReference, stateful_loader_class
-from overdrive.helpers.ops import send_to_device
+from overdrive.helpers.ops import recursively_apply, send_to_device
+from overdrive.helpers.random import synchronize_rng_states
 from overdrive.runtime import group
 from overdrive.training.state import GradientState
 
@@ -185,8 +188,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         """``gather_for_metrics`` at this process's last batch, when longer processes run more steps: remember
         the call, so that the end of the loop can join their gathers with an empty contribution."""
         if self.end_of_dataloader and self.steps_after_own_end() > 0:
-            from overdrive.helpers.ops import recursively_apply
-
             empty = recursively_apply(lambda t: t[:0] if t.ndim else t.reshape(1)[:0], local) if tensors else None
             self.__dict__.setdefault("_final_gathers", []).append((tensors, empty))
 
@@ -195,7 +196,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         calls = self.__dict__.pop("_final_gathers", [])
         if not calls:
             return
-        import overdrive.helpers.ops as ops
 
         steps = self.steps_after_own_end()
         _warn_short_process(steps)
@@ -357,7 +357,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def _synchronize_rngs(self) -> None:
         if not self.rng_types or not _distributed():
             return
-        from overdrive.helpers.random import synchronize_rng_states
 
         # "generator" means the shuffling sampler's generator; without one there is nothing to sync.
         generator = self.synchronized_generator
@@ -392,7 +391,6 @@ def _warn_short_process(steps: int) -> None:
     if _warned_short or steps <= 0:
         return
     _warned_short.append(True)
-    import warnings
 
     warnings.warn(f"even_batches=False: this process had {steps} batch(es) fewer than the longest one, so its "
                   "loop ended first and the gather_for_metrics results of the other processes' last steps "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -101,58 +102,89 @@ def prepare_data_loader(
         return cast("DataLoaderShard | DataLoaderDispatcher", dataloader)  # the mixin's only two classes
     num_processes, process_index = _processes(num_processes, process_index, torch_device_mesh)
     unbatched = dataloader.batch_sampler is None and dataloader.batch_size is None
-    if unbatched and num_processes == 1 and isinstance(dataloader.dataset, IterableDataset):
+    iterable = isinstance(dataloader.dataset, IterableDataset)
+    if unbatched and num_processes == 1 and iterable:
         # samples as the dataset yields them, as Accelerate leaves them on one process
         return DataLoaderShard(dataloader.dataset, batch_size=None, device=device if put_on_device else None,
                                rng_types=rng_types, non_blocking=non_blocking, gradient_state=gradient_state,
                                **loader_settings(dataloader))
+    _check_options(unbatched, exact_resume, use_stateful_dataloader)
+    common: dict[str, Any] = dict(device=device if put_on_device else None, rng_types=rng_types,
+                                  non_blocking=non_blocking, gradient_state=gradient_state,
+                                  exact_resume=exact_resume, **loader_settings(dataloader))
+    shard_class: Any = stateful_loader_class(DataLoaderShard) if use_stateful_dataloader else DataLoaderShard
+    make_shard = functools.partial(shard_class, **common)
+    make_dispatcher = None
+    dispatch = iterable if dispatch_batches is None else bool(dispatch_batches)
+    if dispatch:  # rank 0 reads and sends each process its part
+        make_dispatcher = functools.partial(_dispatcher_class(use_stateful_dataloader), num_processes=num_processes,
+                                            process_index=process_index, split_batches=split_batches,
+                                            slice_fn=slice_fn_for_dispatch, **common)
+    places = (num_processes, process_index, split_batches, even_batches)
+    if iterable:
+        return _iterable_loader(dataloader, places, make_shard, make_dispatcher)
+    return _map_style_loader(dataloader, places, use_seedable_sampler or exact_resume, data_seed, make_shard,
+                             make_dispatcher)
+
+
+def _check_options(unbatched: bool, exact_resume: bool, use_stateful_dataloader: bool) -> None:
     if unbatched:
         raise ValueError("cannot prepare a DataLoader with batch_size=None and batch_sampler=None: the batches "
                          "to share out are unknown; give the DataLoader a batch_size or a batch_sampler")
-    dataset = dataloader.dataset
-    iterable = isinstance(dataset, IterableDataset)
-    dispatch = iterable if dispatch_batches is None else bool(dispatch_batches)
     if exact_resume and use_stateful_dataloader:
         raise ValueError("exact_resume=True and use_stateful_dataloader=True: choose one way to resume the loader: "
                          "exact_resume (overdrive's own position, exact at any number of processes) or "
                          "use_stateful_dataloader (torchdata's state dict, as Accelerate)")
-    common: dict[str, Any] = dict(device=device if put_on_device else None, rng_types=rng_types,
-                                  non_blocking=non_blocking, gradient_state=gradient_state,
-                                  exact_resume=exact_resume, **loader_settings(dataloader))
-    dispatch_args = dict(num_processes=num_processes, process_index=process_index, split_batches=split_batches,
-                         slice_fn=slice_fn_for_dispatch)
-    shard_class: Any = stateful_loader_class(DataLoaderShard) if use_stateful_dataloader else DataLoaderShard
-    dispatcher: Any = None
-    if dispatch:  # rank 0 reads and sends: the dispatcher's module loads only then
-        from overdrive.data.dispatch import DataLoaderDispatcher
 
-        dispatcher = stateful_loader_class(DataLoaderDispatcher) if use_stateful_dataloader else DataLoaderDispatcher
-    if iterable:
-        batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
-        assert batch_size is not None  # an iterable dataset's batch sampler exists only with a batch size
-        if dispatch:
-            stream = DispatchedIterable(dataset, batch_size, drop_last, num_processes, 0, split_batches,
-                                        even_batches)
-            return dispatcher(stream, batch_size=batch_size, drop_last=drop_last, **dispatch_args,
-                                        **common)
-        native = _native_shard(dataset, num_processes, process_index, split_batches)
-        if native is not None:  # a datasets.IterableDataset of enough shards: each process reads its own
-            return shard_class(native, batch_size=batch_size, drop_last=drop_last, **common)
-        shard = IterableDatasetShard(dataset, batch_size, drop_last, num_processes, process_index, split_batches,
-                                     even_batches)
-        return shard_class(shard, batch_size=shard.per_process_batch_size, drop_last=drop_last, **common)
-    # a DataLoader with a batch size builds a batch sampler; with neither it was refused above
+
+def _dispatcher_class(stateful: bool) -> Any:
+    """``DataLoaderDispatcher``, on torchdata's ``StatefulDataLoader`` when ``stateful``."""
+    # lazy: only a dispatching loader (rank 0 reads and sends) needs the dispatcher's module
+    from overdrive.data.dispatch import DataLoaderDispatcher
+
+    return stateful_loader_class(DataLoaderDispatcher) if stateful else DataLoaderDispatcher
+
+
+#: (num_processes, process_index, split_batches, even_batches)
+_Places = tuple[int, int, bool, bool]
+
+
+def _iterable_loader(dataloader: DataLoader, places: _Places, make_shard: Callable[..., Any],
+                     make_dispatcher: Callable[..., Any] | None) -> Any:
+    """An iterable dataset's loader: dispatched from rank 0, read shard by shard by a ``datasets`` dataset
+    that has enough shards, or each process keeping its share of the batches it reads."""
+    num_processes, process_index, split_batches, even_batches = places
+    dataset = cast(IterableDataset, dataloader.dataset)  # the caller checked it
+    batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
+    assert batch_size is not None  # an iterable dataset's batch sampler exists only with a batch size
+    if make_dispatcher is not None:
+        stream = DispatchedIterable(dataset, batch_size, drop_last, num_processes, 0, split_batches, even_batches)
+        return make_dispatcher(stream, batch_size=batch_size, drop_last=drop_last)
+    native = _native_shard(dataset, num_processes, process_index, split_batches)
+    if native is not None:  # a datasets.IterableDataset of enough shards: each process reads its own
+        return make_shard(native, batch_size=batch_size, drop_last=drop_last)
+    shard = IterableDatasetShard(dataset, batch_size, drop_last, num_processes, process_index, split_batches,
+                                 even_batches)
+    return make_shard(shard, batch_size=shard.per_process_batch_size, drop_last=drop_last)
+
+
+def _map_style_loader(dataloader: DataLoader, places: _Places, seedable: bool, data_seed: int | None,
+                      make_shard: Callable[..., Any], make_dispatcher: Callable[..., Any] | None) -> Any:
+    """A map-style dataset's loader: its batch sampler shared out between the processes (or dispatched from
+    rank 0), shuffled as Accelerate shuffles, or in an order of (seed, epoch) when ``seedable``."""
+    num_processes, process_index, split_batches, even_batches = places
+    # a DataLoader with a batch size builds a batch sampler; with neither it was refused before
     assert dataloader.batch_sampler is not None
     batch_sampler: Any = dataloader.batch_sampler
-    seedable = use_seedable_sampler or exact_resume
     if seedable:  # an order of (seed, epoch), which a resume can recompute
         batch_sampler = seedable_batch_sampler(batch_sampler, data_seed)
-    if dispatch:  # every process gets a part of every step: even_batches=False has no effect (as in Accelerate)
+    if make_dispatcher is not None:
+        # every process gets a part of every step: even_batches=False has no effect (as in Accelerate)
         rounds = BatchSamplerShard(batch_sampler, num_processes, 0, split_batches, even_batches=True)
-        return dispatcher(dataset, batch_sampler=DispatchBatchSampler(rounds), **dispatch_args, **common)
+        return make_dispatcher(dataloader.dataset, batch_sampler=DispatchBatchSampler(rounds))
     shard_sampler = BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
     generator = None if seedable else accelerate_shuffling(batch_sampler, num_processes)
-    return shard_class(dataset, batch_sampler=shard_sampler, synchronized_generator=generator, **common)
+    return make_shard(dataloader.dataset, batch_sampler=shard_sampler, synchronized_generator=generator)
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:

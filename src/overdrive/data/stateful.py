@@ -81,7 +81,7 @@ def stateful_loader_class(cls: type, reads_ahead: bool = True) -> type:
         return cls
     if cls not in _STATEFUL:
         try:
-            from torchdata.stateful_dataloader import StatefulDataLoader
+            from torchdata.stateful_dataloader import StatefulDataLoader  # lazy: optional dependency
         except ImportError as exc:
             raise ImportError("use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install "
                               "torchdata (or set use_stateful_dataloader=False)") from exc

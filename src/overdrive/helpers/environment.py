@@ -12,9 +12,8 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
-
-from overdrive.helpers.misc import patch_environment
 
 __all__ = ["str_to_bool", "get_int_from_env", "parse_flag_from_env", "parse_choice_from_env",
            "are_libraries_initialized", "get_current_device_type", "get_gpu_info", "check_cuda_p2p_ib_support",
@@ -61,7 +60,7 @@ def are_libraries_initialized(*library_names: str) -> list[str]:
 
 def get_current_device_type() -> tuple[str, str]:
     """``(device type, distributed type)`` of this machine's accelerator, without initialising it."""
-    import torch
+    import torch  # lazy: this module stays torch-free: the environment helpers run before torch is needed
 
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     kind = accelerator.type if accelerator is not None else "cuda"
@@ -70,7 +69,7 @@ def get_current_device_type() -> tuple[str, str]:
 
 def get_gpu_info() -> tuple[list[str], int]:
     """Names and count of the CUDA devices (empty on a machine without them)."""
-    import torch
+    import torch  # lazy: this module stays torch-free: the environment helpers run before torch is needed
 
     if not torch.cuda.is_available():
         return [], 0
@@ -86,7 +85,7 @@ def check_cuda_p2p_ib_support() -> bool:
 
 def check_cuda_fp8_capability() -> bool:
     """Whether the CUDA device can run fp8 (compute capability 8.9 or newer)."""
-    import torch
+    import torch  # lazy: this module stays torch-free: the environment helpers run before torch is needed
 
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
@@ -178,8 +177,6 @@ _LOGGER = logging.getLogger("accelerate.utils.environment")
 
 def get_cpu_distributed_information() -> Any:
     """rank, world_size, local_rank, local_world_size of this CPU process, from the launcher's variables."""
-    from types import SimpleNamespace
-
     return SimpleNamespace(
         rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
         world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),
@@ -188,3 +185,24 @@ def get_cpu_distributed_information() -> Any:
         local_world_size=get_int_from_env(["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
                                            "MV2_COMM_WORLD_LOCAL_SIZE"], 1),
     )
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set environment variables (names upper-cased; ``None`` removes one) for the block, restoring them
+    afterwards."""
+    saved = {key.upper(): os.environ.get(key.upper()) for key in kwargs}
+    try:
+        for key, value in kwargs.items():
+            _set_env(key.upper(), None if value is None else str(value))
+        yield
+    finally:
+        for key, value in saved.items():
+            _set_env(key, value)
+
+
+def _set_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value

@@ -7,15 +7,22 @@ functions behind ``accelerate.utils.imports`` (and ``accelerate.utils``) under t
 from __future__ import annotations
 
 import functools
+import importlib.metadata as metadata
 import importlib.util
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
+from packaging.version import Version
+
+from overdrive.helpers.environment import parse_flag_from_env
 
 
-def _has(module: str) -> bool:
+def is_package_available(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it (False for a ``None`` entry in
+    ``sys.modules``, as tests set one to hide a package)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that fails to import, or a module with no spec
@@ -23,9 +30,6 @@ def _has(module: str) -> bool:
 
 
 def _version_at_least(distribution: str, minimum: str) -> bool:
-    import importlib.metadata as metadata
-
-    from packaging.version import Version
 
     try:
         return Version(metadata.version(distribution)) >= Version(minimum)
@@ -35,7 +39,7 @@ def _version_at_least(distribution: str, minimum: str) -> bool:
 
 def _package_check(name: str, *modules: str) -> Callable[..., bool]:
     def check(*args: Any, **kwargs: Any) -> bool:
-        return any(_has(module) for module in modules)
+        return any(is_package_available(module) for module in modules)
 
     check.__name__ = check.__qualname__ = name
     check.__doc__ = f"Whether {' or '.join(modules)} is installed (found without importing it)."
@@ -100,39 +104,37 @@ if TYPE_CHECKING:  # the checks made by globals().update above, named for type c
 
 def is_rich_available() -> bool:
     """Whether rich is installed and its tracebacks are asked for (ACCELERATE_ENABLE_RICH, as in Accelerate)."""
-    from overdrive.helpers.environment import parse_flag_from_env
-
-    return _has("rich") and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
+    return is_package_available("rich") and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
 
 
 def is_trackio_available() -> bool:
     """Whether trackio is installed (it needs Python 3.10+)."""
-    return sys.version_info >= (3, 10) and _has("trackio")
+    return sys.version_info >= (3, 10) and is_package_available("trackio")
 
 
 def is_megatron_lm_available() -> bool:
     """Whether megatron-core is installed."""
-    return _has("megatron") and _has("megatron.core")
+    return is_package_available("megatron") and is_package_available("megatron.core")
 
 
 def is_4bit_bnb_available() -> bool:
     """Whether bitsandbytes 0.39+ (4-bit) is installed."""
-    return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.39.0")
+    return is_package_available("bitsandbytes") and _version_at_least("bitsandbytes", "0.39.0")
 
 
 def is_8bit_bnb_available() -> bool:
     """Whether bitsandbytes 0.37.2+ (8-bit) is installed."""
-    return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.37.2")
+    return is_package_available("bitsandbytes") and _version_at_least("bitsandbytes", "0.37.2")
 
 
 def is_bitsandbytes_multi_backend_available() -> bool:
     """Whether bitsandbytes 0.44+ (several back ends) is installed."""
-    return _has("bitsandbytes") and _version_at_least("bitsandbytes", "0.44.0")
+    return is_package_available("bitsandbytes") and _version_at_least("bitsandbytes", "0.44.0")
 
 
 def is_torchdata_stateful_dataloader_available() -> bool:
     """Whether torchdata's ``StatefulDataLoader`` (torchdata 0.8+) is installed."""
-    return _has("torchdata") and _has("torchdata.stateful_dataloader")
+    return is_package_available("torchdata") and is_package_available("torchdata.stateful_dataloader")
 
 
 def is_cuda_available() -> bool:
@@ -157,7 +159,7 @@ def is_xpu_available(check_device: bool = False) -> bool:
 
 def _plugin_device(module: str, attribute: str) -> Callable[..., bool]:
     def check(*args: Any, **kwargs: Any) -> bool:
-        if not _has(module):
+        if not is_package_available(module):
             return False
         device = getattr(torch, attribute, None)
         return bool(device is not None and device.is_available())
@@ -179,6 +181,7 @@ def is_habana_gaudi1() -> bool:
     """Whether this is a first-generation Gaudi (False unless a Gaudi device is present)."""
     if not is_hpu_available():
         return False
+    # lazy: optional dependency
     import habana_frameworks.torch.utils.experimental as htexp  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
@@ -186,22 +189,18 @@ def is_habana_gaudi1() -> bool:
 
 def is_xccl_available() -> bool:
     """Whether torch has the XCCL back end (Intel GPUs)."""
-    import torch.distributed as dist
-
     check = getattr(getattr(dist, "distributed_c10d", None), "is_xccl_available", None)
     return bool(check and check())
 
 
 def is_torch_distributed_available() -> bool:
     """Whether torch.distributed is built in."""
-    import torch.distributed as dist
-
     return dist.is_available()
 
 
 def is_pippy_available() -> bool:
     """Whether ``torch.distributed.pipelining`` (PyTorch's pipeline parallelism) is present."""
-    return _has("torch.distributed.pipelining")
+    return is_package_available("torch.distributed.pipelining")
 
 
 def is_weights_only_available() -> bool:
@@ -223,13 +222,14 @@ def is_fp16_available() -> bool:
 
 def is_fp8_available() -> bool:
     """Whether an fp8 backend overdrive can use (torchao, Transformer Engine or MS-AMP) is installed."""
-    return _has("torchao") or _has("transformer_engine") or _has("msamp")
+    return is_package_available("torchao") or is_package_available("transformer_engine") or is_package_available("msamp")
 
 
 def is_transformer_engine_mxfp8_available() -> bool:
     """Whether Transformer Engine with MXFP8 support is installed and usable."""
-    if not _has("transformer_engine"):
+    if not is_package_available("transformer_engine"):
         return False
+    # lazy: optional dependency
     import transformer_engine.pytorch as te  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
     return bool(getattr(te, "fp8", None) and te.fp8.check_mxfp8_support()[0])
@@ -250,12 +250,12 @@ def _required(check: Callable[[], bool], package: str) -> Callable[[Callable], C
 
 def deepspeed_required(function: Callable) -> Callable:
     """Decorator: the function raises ``ImportError`` naming the package when DeepSpeed is missing."""
-    return _required(lambda: _has("deepspeed"), "deepspeed")(function)
+    return _required(lambda: is_package_available("deepspeed"), "deepspeed")(function)
 
 
 def torchao_required(function: Callable) -> Callable:
     """Decorator: the function raises ``ImportError`` naming the package when torchao is missing."""
-    return _required(lambda: _has("torchao"), "torchao")(function)
+    return _required(lambda: is_package_available("torchao"), "torchao")(function)
 
 
 #: the collective back end of each accelerator type that has its own (CPU and MPS use gloo)

@@ -19,7 +19,7 @@ _warned_once: set[Hashable] = set()
 
 
 def _rank_and_world() -> tuple[int, int]:
-    from overdrive.runtime.group import rank, world_size  # imports torch: only once something is logged
+    from overdrive.runtime.group import rank, world_size  # lazy: imports torch, only once something is logged
 
     return rank(), world_size()
 
@@ -39,6 +39,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         kwargs.setdefault("stacklevel", 2)  # attribute the record to the caller, not to this method
         rank, world = _rank_and_world()
         if in_order and not main_process_only and world > 1:
+            # lazy: this module stays torch-free: the launcher logs before torch is imported
             import torch.distributed as dist
 
             for turn in range(world):
@@ -115,3 +116,12 @@ def set_verbosity_warning() -> None:
 def set_verbosity_error() -> None:
     """``set_verbosity(logging.ERROR)``."""
     set_verbosity(logging.ERROR)
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm`` shown on the main process only (others get a disabled bar)."""
+    from tqdm.auto import tqdm as _tqdm  # lazy: every logger user would pay for tqdm; only a bar needs it
+
+    if main_process_only and _rank_and_world()[0] != 0:
+        kwargs["disable"] = True
+    return _tqdm(*args, **kwargs)

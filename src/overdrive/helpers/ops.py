@@ -13,7 +13,13 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from overdrive.runtime.group import world_size
+from overdrive.runtime.group import is_distributed, world_size
+
+
+def wait_for_everyone() -> None:
+    """Barrier across every process (a no-op in a single process)."""
+    if is_distributed():
+        dist.barrier()
 
 
 def is_torch_tensor(value: Any) -> bool:

@@ -6,6 +6,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -30,12 +31,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         # torchrun, SLURM or MPI, whichever started this process
         seed += process_rank()
     random.seed(seed)
-    try:
-        import numpy as np
-    except ImportError:  # numpy is optional for torch
-        pass
-    else:
-        np.random.seed(seed % 2**32)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # seeds the CPU and every initialised accelerator (cuda, xpu, mps, ...)
     if deterministic:
         torch.use_deterministic_algorithms(True)
@@ -75,6 +71,7 @@ def _get_state(name: str, generator: torch.Generator | None) -> torch.Tensor:
             raise ValueError("rng_type='generator' needs the torch.Generator to synchronize: pass generator=")
         return generator.get_state()
     if name == "xla":
+        # lazy: optional dependency
         import torch_xla.core.xla_model as xm  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
         return torch.tensor([xm.get_rng_state()], dtype=torch.int64)
@@ -88,6 +85,7 @@ def _set_state(name: str, state: torch.Tensor, generator: torch.Generator | None
         assert generator is not None
         generator.set_state(state)
     elif name == "xla":
+        # lazy: optional dependency
         import torch_xla.core.xla_model as xm  # pyright: ignore[reportMissingImports]  # optional, not in the test extra
 
         xm.set_rng_state(int(state.item()))

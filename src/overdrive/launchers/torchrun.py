@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from overdrive.helpers.environment import patch_environment
 from overdrive.launchers import relay
 from overdrive.launchers.accelerate_variables import variables_for_workers
 from overdrive.launchers.failure_report import describe_failures, failed_stderr_tail, failures_need_accelerate
@@ -84,8 +85,6 @@ def torchrun_argv(plan: LaunchPlan, command: Command, log_dir: str) -> list[str]
 
 def patched_environ(values: Mapping[str, str | None]) -> contextlib.AbstractContextManager[None]:
     """Set (or with None, remove) environment variables for the block; the workers inherit them."""
-    from overdrive.helpers.misc import patch_environment  # lazy: it imports torch; argument checks run before
-
     return patch_environment(**values)
 
 

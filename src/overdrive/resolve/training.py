@@ -156,7 +156,7 @@ def _resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, par
     """torchft's replica groups when the launch config names a lighthouse (``--ft_lighthouse``), else None."""
     if not launched.get("ft_lighthouse"):
         return None
-    # lazy: it loads the launch-settings validators (config/setting_kinds), which a start without a lighthouse
+    # lazy: it loads the launch-settings validators (launchers/setting_kinds), which a start without a lighthouse
     # does not need (docs/benchmarks.md, "What cut the first step")
     from overdrive.resolve.fault_tolerance import resolve_fault_tolerance
 

@@ -35,7 +35,7 @@ _LAZY = {
     "WandBTracker": "overdrive.tracking.wandb",
     "AimTracker": "overdrive.tracking.aim",
     **dict.fromkeys(("CometMLTracker", "ClearMLTracker", "DVCLiveTracker", "TrackioTracker", "SwanLabTracker"),
-                    "overdrive.tracking.more"),
+                    "overdrive.tracking.library_runs"),
     **dict.fromkeys(("LOGGER_TYPE_TO_CLASS", "filter_trackers", "get_available_trackers", "register_tracker_class"),
                     "overdrive.tracking.accelerate_names"),
 }

@@ -19,13 +19,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from overdrive.config.choices import nearest
+from overdrive.runtime.group import rank
 
 _GATED_METHODS = ("start", "store_init_configuration", "log", "finish")
 
 
 def _process_index_from_group() -> int:
-    from overdrive.runtime.group import rank
-
     return rank()
 
 
@@ -115,6 +114,29 @@ class GeneralTracker:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+class LibraryRunTracker(GeneralTracker):
+    """A tracker around one run object of a tracking library (``self.run``, which ``start`` makes with
+    ``init_kwargs``): ``log`` and ``finish`` call the run's own ``log`` and ``finish``, as most libraries name
+    them (a subclass overrides what its library names otherwise)."""
+
+    def __init__(self, run_name: str, **init_kwargs: Any) -> None:
+        self.run_name = run_name
+        self.init_kwargs = dict(init_kwargs)
+        self.run: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        return self.run
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
 # -- registry -------------------------------------------------------------------------------------------
 
 # built-in name -> "module:Class", imported when first used so that `import overdrive` stays light
@@ -125,11 +147,11 @@ _BUILTIN: dict[str, str] = {
     "mlflow": "overdrive.tracking.mlflow:MLflowTracker",
     "wandb": "overdrive.tracking.wandb:WandBTracker",
     "aim": "overdrive.tracking.aim:AimTracker",
-    "comet_ml": "overdrive.tracking.more:CometMLTracker",
-    "clearml": "overdrive.tracking.more:ClearMLTracker",
-    "dvclive": "overdrive.tracking.more:DVCLiveTracker",
-    "trackio": "overdrive.tracking.more:TrackioTracker",
-    "swanlab": "overdrive.tracking.more:SwanLabTracker",
+    "comet_ml": "overdrive.tracking.library_runs:CometMLTracker",
+    "clearml": "overdrive.tracking.library_runs:ClearMLTracker",
+    "dvclive": "overdrive.tracking.library_runs:DVCLiveTracker",
+    "trackio": "overdrive.tracking.library_runs:TrackioTracker",
+    "swanlab": "overdrive.tracking.library_runs:SwanLabTracker",
 }
 _REGISTRY: dict[str, type[GeneralTracker] | str] = dict(_BUILTIN)
 DEFAULT_TRACKER = "jsonl"

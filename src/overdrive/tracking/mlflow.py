@@ -103,20 +103,20 @@ class MLflowTracker(GeneralTracker):
                                            nested=bool(self.nested_run), tags=self.tags,
                                            description=self.description, **self.start_run_kwargs)
         # log to this run by id, so runs the user starts meanwhile (nested or not) do not catch our values
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # lazy: optional dependency
 
         self._client = MlflowClient(self.tracking_uri)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        from mlflow.entities import Param
-        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+        from mlflow.entities import Param  # lazy: optional dependency
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH  # lazy: optional dependency
 
         params = [Param(k, str(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in flatten(values).items()]
         for start in range(0, len(params), _PARAMS_PER_BATCH):
             self._client.log_batch(self.active_run.info.run_id, params=params[start:start + _PARAMS_PER_BATCH])
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: optional dependency
 
         now_ms = int(time.time() * 1000)
         metrics = []
@@ -130,7 +130,7 @@ class MLflowTracker(GeneralTracker):
             self._client.log_batch(self.active_run.info.run_id, metrics=metrics[start:start + _METRICS_PER_BATCH])
 
     def finish(self) -> None:
-        import mlflow
+        import mlflow  # lazy: optional dependency
 
         if self.active_run is not None:
             active = mlflow.active_run()
@@ -149,9 +149,10 @@ def _user_set_tracking_uri() -> bool:
     if sys.modules.get("mlflow") is None:
         return False
     try:
+        # lazy: optional dependency
         from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
     except ImportError:  # moved in some MLflow version: rely on the variable alone
         return False
-    import mlflow
+    import mlflow  # lazy: optional dependency
 
     return bool(is_tracking_uri_set()) and mlflow.get_tracking_uri() not in _URIS_WE_SET

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, TextIO
 
+from overdrive.runtime import group  # imported when a bar starts: importing this module stays light
+
 
 def _process_index() -> int:
-    from overdrive.runtime import group  # imported when a bar starts: importing this module stays light
-
     return group.rank()
 
 
@@ -61,7 +61,7 @@ class ProgressBar:
         self._last_line_n = 0
         self._closed = False
         if self.enabled and not self.plain:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # lazy: tqdm.auto is loaded only when a bar is shown
 
             self._tqdm = tqdm(total=total, desc=desc, unit=unit, file=self.file, **tqdm_kwargs)
 

@@ -38,7 +38,7 @@ class TensorBoardTracker(GeneralTracker):
 
     def start(self) -> None:
         import_required("tensorboard", "tensorboard", self.name)
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: optional dependency (tensorboard)
 
         self.writer = SummaryWriter(self.log_dir, **self.writer_kwargs)
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 # Dense (no sparsity) peak FLOP/s per device, from the vendors' data sheets, by precision.
@@ -178,7 +179,6 @@ class ThroughputMonitor:
         """Counts summed and elapsed time maxed over processes."""
         if self.accelerator is None or self.world_size == 1:
             return [c * self.world_size for c in counts], elapsed
-        import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             return [c * self.world_size for c in counts], elapsed

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from overdrive.tracking.base import GeneralTracker, import_required
+from overdrive.tracking.base import LibraryRunTracker, import_required
 
 
-class WandBTracker(GeneralTracker):
+class WandBTracker(LibraryRunTracker):
     """One ``wandb`` run in the W&B project ``project_name``. Keyword arguments (``entity``, ``name``,
     ``mode``, ``tags``...) go to ``wandb.init``; ``log`` keyword arguments to ``run.log``."""
 
@@ -23,15 +23,9 @@ class WandBTracker(GeneralTracker):
     required_packages = (("wandb", "wandb"),)
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **init_kwargs: Any) -> None:
-        self.run_name = run_name
-        self.init_kwargs = dict(init_kwargs)
+        super().__init__(run_name, **init_kwargs)
         if logging_dir is not None:
             self.init_kwargs.setdefault("dir", os.fspath(logging_dir))
-        self.run: Any = None
-
-    @property
-    def tracker(self) -> Any:
-        return self.run
 
     def start(self) -> None:
         wandb = import_required("wandb", "wandb", self.name)
@@ -41,11 +35,3 @@ class WandBTracker(GeneralTracker):
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.run.config.update(values, allow_val_change=True)
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
-
-    def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None

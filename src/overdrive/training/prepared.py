@@ -48,10 +48,6 @@ class PreparedObjects:
         self.models.append(model)
         self.model_ids.add(id(model))
 
-    def has_model(self, model: nn.Module) -> bool:
-        """Whether ``model`` (by identity) is a prepared model."""
-        return id(model) in self.model_ids
-
     @staticmethod
     def add_hook(hooks: collections.OrderedDict[int, Callable[..., None]],
                  hook: Callable[..., None]) -> RemovableHandle:

@@ -11,29 +11,14 @@ import numbers
 import os
 from typing import Any
 
-from overdrive.tracking.base import GeneralTracker, import_required
+from overdrive.tracking.base import LibraryRunTracker, import_required
 
 
 def _numbers(values: dict[str, Any]) -> dict[str, numbers.Number]:
     return {k: v for k, v in values.items() if isinstance(v, numbers.Number) and not isinstance(v, bool)}
 
 
-class _Run(GeneralTracker):
-    """A tracker around one run object of a library."""
-
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **init_kwargs: Any) -> None:
-        self.run_name = run_name
-        self.init_kwargs = dict(init_kwargs)
-        self.run: Any = None
-
-    @property
-    def tracker(self) -> Any:
-        return self.run
-
-
-class CometMLTracker(_Run):
+class CometMLTracker(LibraryRunTracker):
     """A Comet experiment in project ``run_name`` (``comet_ml.start``; ``COMET_MODE=offline`` stays local)."""
 
     name = "comet_ml"
@@ -64,7 +49,7 @@ class CometMLTracker(_Run):
             self.run = None
 
 
-class ClearMLTracker(_Run):
+class ClearMLTracker(LibraryRunTracker):
     """A ClearML task (``Task.init``) in project and with task name ``run_name`` (the variables
     ``CLEARML_PROJECT`` / ``CLEARML_TASK`` take priority, as in Accelerate), or the task already running in this
     process (then left open at the end). Scalars go to the task's logger as Accelerate sends them: ``eval_x`` /
@@ -135,7 +120,7 @@ def _title_series(key: str) -> tuple[str, str]:
     return key, "train"
 
 
-class DVCLiveTracker(_Run):
+class DVCLiveTracker(LibraryRunTracker):
     """A DVCLive ``Live`` run (files under its ``dir``; the logging directory when there is one)."""
 
     name = "dvclive"
@@ -172,7 +157,7 @@ class DVCLiveTracker(_Run):
             self.run = None
 
 
-class TrackioTracker(_Run):
+class TrackioTracker(LibraryRunTracker):
     """A Trackio run in project ``run_name`` (local-first; ``trackio.init``)."""
 
     name = "trackio"
@@ -183,20 +168,12 @@ class TrackioTracker(_Run):
         self.run = trackio.init(project=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        import trackio
+        import trackio  # lazy: optional dependency
 
         trackio.config.update(values)
 
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
 
-    def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
-
-
-class SwanLabTracker(_Run):
+class SwanLabTracker(LibraryRunTracker):
     """A SwanLab run in project ``run_name`` (``swanlab.init``; ``mode="offline"`` stays local)."""
 
     name = "swanlab"
@@ -207,14 +184,6 @@ class SwanLabTracker(_Run):
         self.run = swanlab.init(project=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        import swanlab
+        import swanlab  # lazy: optional dependency
 
         swanlab.config.update(values, allow_val_change=True)
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
-
-    def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
