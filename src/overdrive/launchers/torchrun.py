@@ -155,6 +155,10 @@ def worker_environ(plan: LaunchPlan) -> dict[str, str | None]:
     if not plan.tee:  # stderr goes to a file the launcher copies: stdout joins it, in order (relay.py)
         env[relay.FRAMED_STDOUT_VAR] = "1"
     env.update(plan.visible_devices)
+    if plan.rdzv_backend in ("etcd", "etcd-v2") and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in os.environ:
+        # the shared store's address stays that of the first round on a machine whose rank stays above 0 (lost
+        # with its machine); unshared, each round's rank 0 publishes a new one (the agent reads this variable)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if plan.worker_config.get("ft_lighthouse") and "RUST_LOG" not in os.environ and not plan.debug:
         env["RUST_LOG"] = "warn"  # torchft logs every quorum and commit at its default level (shown with --debug)
     # what Accelerate's launcher exports, for libraries that read it themselves (transformers' TrainingArguments)
