@@ -462,6 +462,8 @@ class StderrCopier:
             offset = self._offsets.get(path, 0)
             try:
                 with open(path, "rb") as f:
+                    if os.fstat(f.fileno()).st_size < offset:  # written again from the start: a restart that
+                        offset, self._left[path] = 0, b""  # counts none (machines joined or left) reuses the folder
                     f.seek(offset)
                     data = f.read()
             except OSError:
