@@ -363,11 +363,13 @@ def test_an_elastic_job_goes_on_when_the_rendezvous_host_is_lost_through_etcd(tm
         assert 4 <= resumed < steps and first in survivors
         assert {(out / f"where_{r}").read_text().split()[2] for r in range(2 * len(survivors))} == \
             {str(2 * len(survivors))}
+        # a machine whose agent meets etcd again before its own workers fail restarts for the new membership,
+        # which counts no restart; every survivor says which
         s = "s" if len(survivors) > 1 else ""
         for i in survivors:
-            assert (f"overdrive launch: the workers started again (restart 1 of 1) with {len(survivors)} machine{s}, "
-                    f"{2 * len(survivors)} processes in all (before: {machines} machines, {2 * machines} processes)"
-                    ) in run.err(i), run.err(i)
+            assert re.search(r"overdrive launch: the workers started again \((restart 1 of 1|the machines taking part "
+                             rf"changed)\) with {len(survivors)} machine{s}, {2 * len(survivors)} processes in all "
+                             rf"\(before: {machines} machines, {2 * machines} processes\)", run.err(i)), run.err(i)
         got = torch.load(out / "weights.pt")
         for name, want in reference_weights(steps, batch)[0].items():
             torch.testing.assert_close(got[name], want, rtol=0, atol=1e-6)
