@@ -360,3 +360,43 @@ def test_the_stderr_copier_stops_only_after_its_thread_however_slow_the_output(t
     assert slow.writing.wait(60)  # the copier's thread is inside its copy
     copier.stop()
     assert slow.parts == [f"line {rank}\n" for rank in range(4)]  # all of it, in order, when stop() returns
+
+
+def test_the_stderr_copier_copies_an_attempt_written_again_from_the_start(tmp_path, monkeypatch):
+    # a restart that counts none (machines joined or left) makes torchrun remove the attempt's folder and write
+    # the same paths again: the new workers' output, shorter than what was copied, must come out too
+    import shutil
+    import sys
+    import time
+
+    from overdrive.launchers.stderr_copier import StderrCopier
+
+    class Stream:
+        def __init__(self) -> None:
+            self.parts: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.parts.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    def wait_for(text: str) -> None:
+        deadline = time.monotonic() + 30
+        while text not in "".join(stream.parts) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    stream = Stream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    log = tmp_path / "run" / "attempt_0" / "0" / "stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("the first round's workers wrote this\n")
+    copier = StderrCopier(str(tmp_path), interval=0.01)
+    copier.start()
+    wait_for("first round")
+    shutil.rmtree(tmp_path / "run" / "attempt_0")
+    log.parent.mkdir(parents=True)
+    log.write_text("round 2\n")
+    wait_for("round 2")
+    copier.stop()
+    assert "".join(stream.parts) == "the first round's workers wrote this\nround 2\n"

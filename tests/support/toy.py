@@ -24,15 +24,15 @@ def toy_regression() -> tuple[TensorDataset, torch.nn.Module, torch.optim.Optimi
     return TensorDataset(x, y), model, torch.optim.SGD(model.parameters(), lr=0.05)
 
 
-def reference_weights(steps: int) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """``steps`` steps of the training in one process, plain PyTorch: the weights at the end, and each
-    step's loss."""
+def reference_weights(steps: int, batch: int = BATCH) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """``steps`` steps of the training in one process, plain PyTorch, global batches of ``batch``: the
+    weights at the end, and each step's loss."""
     data, model, optimizer = toy_regression()
     x, y = data.tensors
     losses = []
     for step in range(steps):
-        batch = slice(BATCH * step, BATCH * (step + 1))
-        loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
+        rows = slice(batch * step, batch * (step + 1))
+        loss = torch.nn.functional.mse_loss(model(x[rows]), y[rows])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -3,6 +3,7 @@ stdout, in the order written: ``relay.py``), so a failed rank's traceback shows 
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -55,6 +56,8 @@ class StderrCopier:
             offset = self._offsets.get(path, 0)
             try:
                 with open(path, "rb") as f:
+                    if os.fstat(f.fileno()).st_size < offset:  # written again from the start: a restart that
+                        offset, self._left[path] = 0, b""  # counts none (machines joined or left) reuses the folder
                     f.seek(offset)
                     data = f.read()
             except OSError:

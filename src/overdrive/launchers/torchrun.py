@@ -106,6 +106,10 @@ def worker_environ(plan: LaunchPlan, command: Command | None = None) -> dict[str
     env.update(plan.visible_devices)
     if command is not None and command.as_accelerate:
         env[AS_ACCELERATE_VAR] = "1"
+    if plan.rdzv_backend in ("etcd", "etcd-v2") and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in os.environ:
+        # the shared store's address stays that of the first round on a machine whose rank stays above 0 (lost
+        # with its machine); unshared, each round's rank 0 publishes a new one (the agent reads this variable)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if plan.worker_config.get("ft_lighthouse") and "RUST_LOG" not in os.environ and not plan.debug:
         env["RUST_LOG"] = "warn"  # torchft logs every quorum and commit at its default level (shown with --debug)
     # what Accelerate's launcher exports, for libraries that read it themselves (transformers' TrainingArguments)

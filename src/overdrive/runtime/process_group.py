@@ -31,9 +31,9 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
                          timeout: timedelta | None = None, stall_timeout: float | None = None) -> bool:
     """Join the default process group unless there is one already; return whether one exists.
 
-    The store is a client TCPStore under a prefix named after the restart attempt: a plain
-    ``init_process_group`` after a TorchElastic restart reuses the previous attempt's keys and fails
-    to connect, while a fresh prefix per attempt restarts cleanly.
+    The store is a client TCPStore under a prefix named after the restart attempt when torchrun's agent
+    hosts it: a plain ``init_process_group`` after a TorchElastic restart reuses the previous attempt's keys
+    and fails to connect, while a fresh prefix per attempt restarts cleanly.
     """
     if not info.is_distributed:
         return dist.is_available() and dist.is_initialized()
@@ -44,7 +44,10 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
     is_master = info.rank == 0 and not info.agent_store
     store = dist.TCPStore(info.master_addr, info.master_port, world_size=info.world_size if is_master else None,
                           is_master=is_master, timeout=timeout, wait_for_workers=False)
-    prefixed = dist.PrefixStore(f"overdrive/attempt_{info.restart_count}", store)
+    # rank 0's own store is new every round; the restart count can differ between machines (a membership
+    # change counts none), so only the agent's store, which keeps its keys, takes a prefix per attempt
+    prefix = f"overdrive/attempt_{info.restart_count}" if info.agent_store else "overdrive/attempt"
+    prefixed = dist.PrefixStore(prefix, store)
     kwargs: dict[str, Any] = {"device_id": device} if device.type != "cpu" else {}
     # torch's flight recorder keeps the last collectives (gloo too): the hang report names the one waited on.
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")
@@ -52,7 +55,7 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
                             timeout=timeout, **kwargs)
     atexit.register(let_threads_settle)  # registered first, so it runs after the watchdog's exit hook
     watchdog.start(dist.distributed_c10d._get_default_group(), info.rank, info.world_size, info.master_addr,
-                   info.master_port, f"overdrive/attempt_{info.restart_count}", timeout, node_rank=info.node_rank,
+                   info.master_port, prefix, timeout, node_rank=info.node_rank,
                    stall_timeout=stall_timeout)
     return True
 

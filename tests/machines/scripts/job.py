@@ -1,6 +1,6 @@
 """The many-machines tests' job: a small regression trained with overdrive over a prepared data loader.
 
-``job.py OUT [--steps N] [--sleep S] [--timeout S] [--save-every K] [--fail-at STEP]``
+``job.py OUT [--steps N] [--sleep S] [--timeout S] [--save-every K] [--fail-at STEP] [--batch B]``
 
 Every rank appends ``STEP <n> <unix time>`` to ``OUT/progress_<rank>`` after each optimizer step and, at the
 end, rank 0 writes the weights to ``OUT/weights.pt``. ``--sleep`` slows each step (so a fault can land
@@ -31,6 +31,7 @@ parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--timeout", type=float, default=60.0)
 parser.add_argument("--save-every", type=int, default=0)
 parser.add_argument("--fail-at", type=int, default=-1)
+parser.add_argument("--batch", type=int, default=BATCH)  # the global batch: every world size met must divide it
 args = parser.parse_args()
 out = Path(args.out)
 
@@ -43,7 +44,7 @@ with open(out / f"where_{rank}", "w") as f:
 
 
 data, model, optimizer = toy_regression()
-loader = DataLoader(data, batch_size=BATCH // accelerator.num_processes)
+loader = DataLoader(data, batch_size=args.batch // accelerator.num_processes)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
 
