@@ -74,7 +74,7 @@ def test_an_elastic_number_of_machines_reaches_torchrun_as_nnodes_min_max(monkey
 
 @pytest.mark.parametrize("value, extra, message", [
     ("1:2", (), "num_machines 1:2 (from --num_machines) is elastic: it needs torchrun's dynamic rendezvous: "
-                "add --rdzv_backend c10d (rdzv_backend static, from default)"),
+                "add --rdzv_backend c10d (or etcd-v2, with an etcd server; rdzv_backend static, from default)"),
     ("2:1", ("--rdzv_backend", "c10d"), "--num_machines: '2:1' has MIN 2 above MAX 1; give MIN:MAX with MIN <= MAX"),
     ("1:x", ("--rdzv_backend", "c10d"), "--num_machines: '1:x' is not a number of machines; give N, or MIN:MAX"),
     ("0:2", ("--rdzv_backend", "c10d"), "--num_machines: '0:2' is not a number of machines"),

@@ -19,12 +19,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from overdrive.config.choices import nearest
-from overdrive.runtime.group import rank
 
 _GATED_METHODS = ("start", "store_init_configuration", "log", "finish")
 
 
 def _process_index_from_group() -> int:
+    # lazy: the launcher checks tracker names with this module before any worker starts, without torch
+    from overdrive.runtime.group import rank
+
     return rank()
 
 
