@@ -33,9 +33,6 @@ def logged(tmp_path_factory) -> Path:
     names = [name for name, module in LIBRARIES.items() if importlib.util.find_spec(module) is not None]
     root = tmp_path_factory.mktemp("offline")
     env = {**os.environ, **offline_env(root)}
-    # ClearML reports from a thread rather than its subprocess, whose close waits out its flush periods
-    (root / "clearml.conf").write_text("sdk { development { report_use_subprocess: false } }\n")
-    env["CLEARML_CONFIG_FILE"] = str(root / "clearml.conf")
     # Output to a file, not a pipe: a process one of the libraries forks can outlive the script holding
     # a pipe open (reading it would then wait for that process); the leftovers of its session are ended.
     log = root / "output.txt"
