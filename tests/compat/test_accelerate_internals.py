@@ -4,6 +4,8 @@ its own interpreter where they need no process group, and on 2 gloo ranks for th
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -197,15 +199,25 @@ else:
 """
 
 
+def _checkpoint_process(side: str, mode: str, folder: str) -> dict:
+    """_CHECKPOINT as ``python -c`` runs it: one process, none of the launch variables that run_distributed
+    gives a rank."""
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "ACCELERATE_USE_CPU"):
+        os.environ.pop(key, None)
+    sys.argv = ["-c", side, mode, folder]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(_CHECKPOINT, "<_CHECKPOINT>", "exec"), {"__name__": "__main__"})
+    return json.loads(printed.getvalue().strip().splitlines()[-1])
+
+
 def _checkpoint_run(side: str, mode: str, folder: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", _CHECKPOINT, side, mode, str(folder)], capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """One new process (forked from the tests' fork server: torch is imported, Accelerate and overdrive not)."""
+    return run_distributed(_checkpoint_process, 1, side, mode, str(folder), timeout=300)[0]
 
 
-@pytest.mark.slow  # five interpreters, each importing torch and Accelerate or overdrive
+@pytest.mark.slow  # five processes, each importing Accelerate or overdrive
 @pytest.mark.requires("accelerate")
 def test_accelerator_state_files_are_written_and_read_as_accelerates(tmp_path):
     """Each side reads what the other wrote: the same files, weights, optimizer and scheduler states, step and

@@ -19,6 +19,9 @@ def _clearml(engine: str) -> dict:
     from pathlib import Path
 
     os.environ["CLEARML_CACHE_DIR"] = os.path.abspath("clearml")
+    # reports from a thread rather than ClearML's default subprocess, whose close waits out its flush periods
+    Path("clearml.conf").write_text("sdk { development { report_use_subprocess: false } }\n")
+    os.environ["CLEARML_CONFIG_FILE"] = os.path.abspath("clearml.conf")
     if engine == "overdrive":
         import overdrive
 

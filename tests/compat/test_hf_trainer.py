@@ -5,7 +5,7 @@ Tiny BERT classifier and Llama causal LM built from configs (no downloads), shuf
 accumulation 2, a checkpoint half way, evaluate, predict (7 rows: uneven over 2 ranks), save, and a second
 Trainer resumed from the half-way checkpoint. See tests/scripts/hf_trainer_run.py.
 
-Runs that several tests compare with (the one-process fp32 runs, the real Accelerate's two-process bf16 runs)
+Runs that several tests compare with (the one-process fp32 runs, the two-process bf16 runs of both engines)
 are module fixtures, and one process runs several models one after the other: each Python start with
 transformers costs ~8 s of CPU, more than the training itself.
 """
@@ -87,6 +87,15 @@ def two_process_reference(tmp_path_factory) -> dict[str, dict]:
     return run_two(root, "theirs", "bert", "llama", flags=("--bf16",), overdrive=False)
 
 
+@pytest.fixture(scope="module")
+def two_processes_ours(tmp_path_factory) -> dict[str, dict]:
+    """overdrive on 2 processes in bf16, BERT and Llama in one ``overdrive launch`` whose script calls
+    ``install_as_accelerate()`` itself (``--as_accelerate`` on 2 processes: the Trainers of
+    test_library_loops.py and the scripts of test_real_script_unconditional.py)."""
+    root = tmp_path_factory.mktemp("two_processes_ours")
+    return run_two(root, "ours", "bert", "llama", flags=("--bf16", "--alias"), overdrive=True, as_accelerate=False)
+
+
 def assert_close(ours: list[float], theirs: list[float], tolerance: float) -> None:
     assert len(ours) == len(theirs) and ours, (ours, theirs)
     for a, b in zip(ours, theirs):
@@ -131,8 +140,11 @@ def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path,
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(tmp_path, two_process_reference):
-    ours = run_two(tmp_path, "ours", "llama", flags=("--bf16",), overdrive=True)["llama"]
+def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(two_processes_ours,
+                                                                            two_process_reference):
+    """Llama in bf16 on 2 processes of ``overdrive launch`` (the launch BERT's test below shares) against the
+    real Accelerate's."""
+    ours = two_processes_ours["llama"]
     theirs = two_process_reference["llama"]
     assert theirs["library"] == "accelerate" and theirs["num_processes"] == 2
     assert ours["num_processes"] == 2 and ours["mixed_precision"] == "bf16"
@@ -143,7 +155,8 @@ def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(tmp_
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(1200)
-def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_call(tmp_path, two_process_reference):
+def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_call(tmp_path, two_processes_ours,
+                                                                                     two_process_reference):
     """BERT in bf16: 1 process through ``overdrive launch --as_accelerate``, and 2 processes through
     ``overdrive launch`` whose script calls ``install_as_accelerate()`` itself; each against the real Accelerate."""
     one = run_two(tmp_path, "one", "bert", flags=("--bf16",), overdrive=True, processes=1)["bert"]
@@ -151,7 +164,7 @@ def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_ca
     assert one["num_processes"] == 1 and one["mixed_precision"] == "bf16" and one_ref["library"] == "accelerate"
     check_run(one)
     assert_close(one["losses"], one_ref["losses"], 2e-2)
-    two = run_two(tmp_path, "two", "bert", flags=("--bf16", "--alias"), overdrive=True, as_accelerate=False)["bert"]
+    two = two_processes_ours["bert"]
     two_ref = two_process_reference["bert"]
     assert two["num_processes"] == 2 and two["mixed_precision"] == "bf16" and two_ref["num_processes"] == 2
     check_run(two)

@@ -1,9 +1,12 @@
 """A training loop written for Accelerate, unchanged for fault tolerance (the launch turns it on): AdamW with a
-decaying learning rate on a seeded toy regression. Each step appends ``{"step", "pid", "time", "skipped",
-"lr"}`` to ``OUT/steps_<group>_<rank>.jsonl``; at the end rank 0 saves the weights and the optimizer and
-scheduler states to ``OUT/final_<group>.pt``
-and the sample indices an evaluation loop gathered (``gather_for_metrics``) to ``OUT/evaluated_<group>.json``. ``STEP_SLEEP`` seconds per step give a test time to act; ``FT_KILL_AT_STEP=N`` kills the
-launch's processes (SIGKILL) in step N, after its forward: the other groups lose it mid-step.
+decaying learning rate on a seeded toy regression. Each step appends ``{"pid", "time", "skipped", "loss",
+"first", "lr", "scheduler_step"}`` to ``OUT/steps_<group>_<rank>.jsonl``; at the end rank 0 saves the weights
+and the optimizer and scheduler states to ``OUT/final_<group>.pt`` and the sample indices an evaluation loop
+gathered (``gather_for_metrics``) to ``OUT/evaluated_<group>.json``. ``STEP_SLEEP`` seconds per step give a
+test time to act; ``FT_KILL_AT_STEP=N`` kills the launch's processes (SIGKILL) in step N, after its forward:
+the other groups lose it mid-step. Once a file ``OUT/end_step`` holds a number N, every group leaves its loop
+when its scheduler has stepped N times (a test ends a run a few steps after a relaunched group healed, rather
+than after a data set sized for the slowest machine).
 
     overdrive launch --ft_lighthouse http://HOST:PORT --ft_replica_group 0 --ft_num_replica_groups 2 ft_job.py OUT
 """
@@ -23,10 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from overdrive import Accelerator
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    samples, batch = int(os.environ.get("SAMPLES", "256")), int(os.environ.get("BATCH", "4"))
-    pause = float(os.environ.get("STEP_SLEEP", "0"))
+def problem(samples: int) -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module, torch.optim.Optimizer,
+                                   torch.optim.lr_scheduler.LRScheduler]:
+    """The data, model, optimizer and scheduler every process builds (a test builds them too, as its reference)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(samples, 8, generator=g)
     y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(samples, 1, generator=g)
@@ -34,6 +36,19 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + 0.1 * step))
+    return x, y, model, optimizer, scheduler
+
+
+def _end_step(out: Path) -> int | None:
+    path = out / "end_step"  # (a test renames it into place whole)
+    return int(path.read_text()) if path.exists() else None
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    samples, batch = int(os.environ.get("SAMPLES", "256")), int(os.environ.get("BATCH", "4"))
+    pause = float(os.environ.get("STEP_SLEEP", "0"))
+    x, y, model, optimizer, scheduler = problem(samples)
 
     accelerator = Accelerator()
     loader = DataLoader(TensorDataset(x, y), batch_size=batch)
@@ -52,7 +67,10 @@ def main() -> None:
         with log.open("a") as f:
             f.write(json.dumps({"pid": os.getpid(), "time": time.time(), "skipped": optimizer.step_was_skipped,
                                 "loss": loss.item(), "first": inputs[0, 0].item(),
-                                "lr": scheduler.get_last_lr()[0]}) + "\n")
+                                "lr": scheduler.get_last_lr()[0], "scheduler_step": scheduler.last_epoch}) + "\n")
+        end = _end_step(out)
+        if end is not None and scheduler.last_epoch >= end:
+            break
         time.sleep(pause)
     # an evaluation loop: every group gathers its own shards' predictions; over the groups, each sample once
     model.eval()

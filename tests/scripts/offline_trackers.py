@@ -12,10 +12,16 @@ LOSSES = [1.5, 0.75, 0.25]
 
 def offline_env(root: str | os.PathLike[str]) -> dict[str, str]:
     """The environment variables that keep Comet, ClearML and Trackio offline (and the Hugging Face Hub, which
-    Trackio uses), each writing under ``root/<name>``; SwanLab's switch is in ``init_kwargs``."""
+    Trackio uses), each writing under ``root/<name>``; SwanLab's switch is in ``init_kwargs``. ClearML reads
+    ``root/clearml.conf`` (written here): it reports from a thread rather than its subprocess, whose close
+    waits out its flush periods (~11 s)."""
     root = os.fspath(root)
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "clearml.conf"), "w") as conf:
+        conf.write("sdk { development { report_use_subprocess: false } }\n")
     return {"COMET_OFFLINE_DIRECTORY": os.path.join(root, "comet_ml"), "COMET_DISABLE_AUTO_LOGGING": "1",
             "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": os.path.join(root, "clearml"),
+            "CLEARML_CONFIG_FILE": os.path.join(root, "clearml.conf"),
             "TRACKIO_DIR": os.path.join(root, "trackio"), "HF_HOME": os.path.join(root, "hf"), "HF_HUB_OFFLINE": "1"}
 
 

@@ -1,10 +1,11 @@
 """Run the same code once under the real Accelerate and once under overdrive's alias, each in a fresh process,
 so that a test can compare the two.
 
-- ``run_function(fn, engine, *args)``: ``fn(engine, *args)`` in a new ``python`` process (no launcher or cluster
-  variables, so Accelerate sees a plain single-process run); ``fn`` is a module-level function of a test module
-  that installs the alias itself when ``engine == "overdrive"`` and imports ``accelerate`` after that. Its
-  return value comes back (pickled).
+- ``run_function(fn, engine, *args)``: ``fn(engine, *args)`` in a new process (forked from the tests' fork
+  server, which imported torch once: tests/support/distributed.py), with no launcher or cluster variables, so
+  Accelerate sees a plain single-process run; ``fn`` is a module-level function of a test module that installs
+  the alias itself when ``engine == "overdrive"`` and imports ``accelerate`` after that. Its return value comes
+  back (pickled).
 - ``run_script(script, folder, processes, overdrive)``: a script of tests/scripts/ on 1 or more processes
   (overdrive: ``--alias`` on one, ``overdrive launch --as_accelerate`` on several; Accelerate: plain python
   or torchrun), each rank writing ``<folder>/<engine>/result_<rank>.json``; the results in rank order.
@@ -12,10 +13,8 @@ so that a test can compare the two.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
-import pickle
 import subprocess
 import sys
 import tempfile
@@ -24,21 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.cli import clean_env
+from tests.support.distributed import run_distributed
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = str(ROOT / "src")
 ENGINES = ("accelerate", "overdrive")
-_CHILD = """
-import importlib.util, pickle, sys
-path, name, out = sys.argv[1:4]
-spec = importlib.util.spec_from_file_location(name.split(".")[0] + "_engine_child", path)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-fn = getattr(module, name)
-args = pickle.load(sys.stdin.buffer)
-with open(out, "wb") as f:
-    pickle.dump(fn(*args), f)
-"""
 
 
 def engine_env(folder: Path | str, **extra: str) -> dict[str, str]:
@@ -47,17 +36,23 @@ def engine_env(folder: Path | str, **extra: str) -> dict[str, str]:
     return clean_env(Path(folder), PYTHONPATH=os.pathsep.join((str(ROOT), SRC)), **extra)
 
 
+def _in_folder(fn: Callable[..., Any], env: dict[str, str], folder: str, *args: Any) -> Any:
+    """``fn(*args)`` with exactly ``env`` (not the rank variables run_distributed adds) in ``folder``."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(folder)
+    return fn(*args)
+
+
 def run_function(fn: Callable[..., Any], engine: str, *args: Any, timeout: float = 240) -> Any:
-    """``fn(engine, *args)`` in a fresh Python process; its return value."""
+    """``fn(engine, *args)`` in a new process; its return value."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
     with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "result.pickle"
-        proc = subprocess.run([sys.executable, "-c", _CHILD, inspect.getfile(fn), fn.__qualname__, str(out)],
-                              input=pickle.dumps((engine, *args)), capture_output=True, timeout=timeout,
-                              env=engine_env(folder), cwd=folder)
-        assert proc.returncode == 0, f"{engine}: {proc.stderr.decode(errors='replace')[-4000:]}"
-        return pickle.loads(out.read_bytes())
+        try:
+            return run_distributed(_in_folder, 1, fn, engine_env(folder), folder, engine, *args, timeout=timeout)[0]
+        except (AssertionError, TimeoutError) as error:
+            raise AssertionError(f"{engine}: {error}") from error
 
 
 def run_script(script: str | Path, folder: Path, processes: int, overdrive: bool,
