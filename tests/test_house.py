@@ -9,13 +9,18 @@ from pathlib import Path
 _SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "house_counts.py"
 
 
-def _counts():
+def _counter():
+    """scripts/house_counts.py as a module (scripts/ is not a package)."""
     spec = importlib.util.spec_from_file_location("house_counts", _SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["house_counts"] = module  # the dataclass decorator looks its module up
     spec.loader.exec_module(module)
-    return module.count()
+    return module
+
+
+def _counts():
+    return _counter().count()
 
 
 def test_internal_values_are_dataclasses_and_private_torch_api_stays_in_one_module():
@@ -39,12 +44,7 @@ def test_the_counter_sees_what_breaks_a_rule(tmp_path):
         "def late():\n    import json\n    return torch._C, json\n\n\n"
         "def explained():\n    import csv  # lazy: an optional reader\n    return csv\n\n\n"
         "def long():\n" + "    x = 1\n" * 85 + "    return x\n")
-    spec = importlib.util.spec_from_file_location("house_counts", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["house_counts"] = module
-    spec.loader.exec_module(module)
-    counts = module.count(package)
+    counts = _counter().count(package)
     assert [place.split()[-1] for place in counts.frozen_values] == ["Plan"]
     assert list(counts.private_torch) == ["overdrive/bad.py"]
     assert counts.unexplained_imports == ["overdrive/bad.py:9"]

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from overdrive.accelerator.checkpoint import CheckpointVerbs
 from overdrive.accelerator.collectives import CollectiveVerbs
 from overdrive.accelerator.processes import ProcessSurface
+from overdrive.accelerator.profiling import build_profiler
 from overdrive.accelerator.surface import AccelerateSurface
 from overdrive.accelerator.tracking import TrackingVerbs
 from overdrive.config import (  # GradientAccumulationPlugin: also a name of accelerate.accelerator
@@ -35,6 +36,8 @@ from overdrive.config import (  # GradientAccumulationPlugin: also a name of acc
     ProjectConfiguration,
 )
 from overdrive.config.choices import unexpected_arguments
+from overdrive.data import prepare_data_loader, skip_first_batches
+from overdrive.helpers.memory import release_memory
 from overdrive.helpers.unwrap import _compiled_inner, _recompiled, extract_model_from_parallel
 from overdrive.precision.amp import AmpPrecision
 from overdrive.resolve import TrainingPlan, resolve_training, split_kwargs_handlers
@@ -315,9 +318,6 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         """Prepare one data loader (what ``prepare`` does for it): sharded over the data-parallel ranks (or
         dispatched from rank 0), batches moved to the device (unless ``device_placement=False``), as the
         ``dataloader_config`` says. ``slice_fn_for_dispatch`` cuts a dispatched batch (Accelerate's)."""
-        # lazy: a run that prepares no loader never loads the data package (bench/startup.py, the first step)
-        from overdrive.data import prepare_data_loader
-
         config = self.dataloader_config
         num_shards, shard = self.strategy.data_place(self.data_parallel_size, self.data_parallel_rank)
         prepared = prepare_data_loader(
@@ -424,8 +424,6 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
         """``torch.profiler.profile`` with the handler's options; with ``output_trace_dir`` each process
         writes its Chrome trace there as ``trace_rank_<index>.json``."""
-        from overdrive.accelerator.profiling import build_profiler  # lazy: as prepare_data_loader's import
-
         handler = profile_handler or self.plan.profile or ProfileKwargs()
         with build_profiler(handler, self.device, self.process_index) as profiler:
             yield profiler
@@ -435,8 +433,6 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         self.hooks.clear()
         self.prepared.clear()
         self.window.reset()
-        from overdrive.helpers.memory import release_memory  # lazy: as prepare_data_loader's import
-
         return release_memory(*objects)
 
     clear = free_memory
@@ -444,8 +440,6 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """``dataloader`` skipping the first ``num_batches`` batches of its next epoch (where ``load_state``
         would resume it)."""
-        from overdrive.data import skip_first_batches  # lazy: as prepare_data_loader's import
-
         return skip_first_batches(dataloader, num_batches)
 
     def __repr__(self) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from packaging.version import Version
 
 from overdrive.helpers.environment import parse_flag_from_env
 
@@ -29,9 +30,8 @@ def is_package_available(module: str) -> bool:
 
 
 def _version_at_least(distribution: str, minimum: str) -> bool:
-    try:
-        from packaging.version import Version  # lazy: only a version check needs packaging (first-step cost)
 
+    try:
         return Version(metadata.version(distribution)) >= Version(minimum)
     except (metadata.PackageNotFoundError, ValueError):
         return False
