@@ -5,15 +5,21 @@ each worker's ``train_loop_per_worker`` with ``overdrive.Accelerator`` (global b
 ``OUT/ray_result.json`` (what each worker saw, and the loss of every step, averaged over the workers) and
 ``OUT/weights.pt`` (rank 0's weights at the end). Ray Train has already made the process group when the loop
 starts; the Accelerator must adopt it, not make another.
+
+Then, in the same Ray instance, a second run whose rank 1 hangs (sleeps) before step 2's backward while rank 0
+waits in DDP's all-reduce, with a process-group timeout of ``--hang_timeout`` seconds: the run must end with
+overdrive's hang report. ``OUT/hang_result.json`` holds the error ``fit()`` raised (its text: the workers'
+tracebacks), when rank 1 began to hang and when ``fit()`` returned.
 """
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import ray
-from ray.train import RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -56,10 +62,50 @@ def train_loop_per_worker(config: dict) -> None:
     ray.train.report({"loss": losses[-1]})
 
 
+def hang_loop_per_worker(config: dict) -> None:
+    import torch
+
+    from overdrive import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 1)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(5):
+        if step == 2 and accelerator.process_index == 1:
+            (Path(config["out"]) / "hang_at").write_text(str(time.time()))
+            time.sleep(300)  # the hung rank: never reaches the all-reduce of this step
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def run_hang(out: Path, timeout_s: int) -> None:
+    """The second run: rank 1 hangs; what ``fit()`` raised goes to ``OUT/hang_result.json``."""
+    trainer = TorchTrainer(hang_loop_per_worker, train_loop_config={"out": str(out)},
+                           scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+                           torch_config=TorchConfig(timeout_s=timeout_s),
+                           run_config=RunConfig(storage_path=str(out / "ray_results"), name="overdrive_hang",
+                                                failure_config=FailureConfig(max_failures=0)))
+    error = None
+    try:
+        result = trainer.fit()
+        error = result.error
+    except Exception as exc:  # noqa: BLE001 - Ray Train raises the workers' failure from fit()
+        error = exc
+    ended = time.time()
+    hang_at = float((out / "hang_at").read_text()) if (out / "hang_at").exists() else None
+    (out / "hang_result.json").write_text(json.dumps({"error": None if error is None else str(error),
+                                                      "error_type": type(error).__name__, "hang_at": hang_at,
+                                                      "ended": ended}))
+    print("RAY TRAIN HANG RUN DONE", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--hang_timeout", type=int, default=0, help="then the hang run, with this timeout (0: none)")
     args = parser.parse_args()
     # a Ray instance of this test's own (address="local": never one the machine already runs), small
     # (its processes inherit this environment: PYTHONPATH, and OMP_NUM_THREADS which Ray sets to 1 anyway)
@@ -68,10 +114,13 @@ def main() -> None:
                            scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
                            run_config=RunConfig(storage_path=str(Path(args.out) / "ray_results"), name="overdrive"))
     result = trainer.fit()
+    if result.error is None:
+        print("RAY TRAIN DONE", flush=True)
+        if args.hang_timeout:
+            run_hang(Path(args.out), args.hang_timeout)
     ray.shutdown()
     if result.error is not None:
         raise result.error
-    print("RAY TRAIN DONE", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,17 @@
 ``pad_across_processes``, the trigger flag and ``join_uneven_inputs``.
 
 ``Accelerator`` inherits them; they run ``overdrive.helpers.ops`` over the mesh's data-parallel share and read the
-end of the data from the gradient state.
+end of the data from the gradient state. ``reports_hangs`` marks the verbs whose collective's timeout is reported
+before the error leaves overdrive (on a group made outside overdrive, as Ray Train's).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch.distributed.algorithms.join import Join
@@ -23,6 +25,31 @@ if TYPE_CHECKING:
     from overdrive.strategies.base import StrategyBase
     from overdrive.training.prepared import PreparedObjects
     from overdrive.training.state import AcceleratorState, GradientState
+
+_Verb = TypeVar("_Verb", bound=Callable[..., Any])
+
+
+def report_hang(error: BaseException) -> None:
+    """The hang report of a collective that timed out or lost a rank, made now where the process group was
+    adopted (``overdrive.runtime.watchdog.report_before_raise``); nothing otherwise."""
+    # lazy: loaded only once a collective failed; a one-process run never loads the watchdog
+    from overdrive.runtime import watchdog
+
+    watchdog.report_before_raise(error)
+
+
+def reports_hangs(verb: _Verb) -> _Verb:
+    """``verb``, whose collective's timeout (or lost rank) is reported before the error leaves overdrive."""
+
+    @functools.wraps(verb)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return verb(*args, **kwargs)
+        except Exception as error:
+            report_hang(error)
+            raise
+
+    return run  # pyright: ignore[reportReturnType]
 
 
 class CollectiveVerbs:
@@ -37,12 +64,14 @@ class CollectiveVerbs:
     #: raised by ``set_trigger`` on this process, read (and lowered) by ``check_trigger``
     flag_tensor: torch.Tensor | None
 
+    @reports_hangs
     def gather(self, tensor: Any) -> Any:
         """Every process's tensors (nested structures too), concatenated along dim 0 in rank order.
 
         Tensor-parallel peers hold the same outputs: one of each group contributes."""
         return ops.gather(_own_share(self.mesh, tensor))
 
+    @reports_hangs
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, minus the samples repeated to fill the last batch: over an epoch the results are
         exactly the dataset's samples, in order, at any world size."""
@@ -69,11 +98,13 @@ class CollectiveVerbs:
             return ops.recursively_apply(lambda t: t[:remainder], data)
         return data[:remainder]
 
+    @reports_hangs
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """``tensor`` (nested structures too) reduced over every process: ``"sum"``, ``"mean"``, ``"max"``
         or ``"none"``, multiplied by ``scale``."""
         return ops.reduce(tensor, reduction, scale)
 
+    @reports_hangs
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
         """``tensor`` padded with ``pad_index`` along ``dim`` to the longest size on any process, so that it
         can be gathered."""

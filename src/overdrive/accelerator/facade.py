@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from overdrive.accelerator.checkpoint import CheckpointVerbs
-from overdrive.accelerator.collectives import CollectiveVerbs
+from overdrive.accelerator.collectives import CollectiveVerbs, report_hang, reports_hangs
 from overdrive.accelerator.processes import ProcessSurface
 from overdrive.accelerator.profiling import build_profiler
 from overdrive.accelerator.surface import AccelerateSurface
@@ -222,6 +222,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         return any(opt.step_was_skipped for opt in self.prepared.optimizers)
 
     # -- prepare ------------------------------------------------------------------------------------
+    @reports_hangs
     def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
         """Prepare models, optimizers, data loaders and LR schedulers, in any order and mix.
 
@@ -359,10 +360,14 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         window = self.window
         if window.divisor > 1 and "scale_wrt_gas" not in kwargs:  # with it, DeepSpeed's caller scales (Trainer)
             loss = loss / window.divisor
-        if self._loss_backward:  # what strategy and precision would do, without their two calls
-            loss.backward(**kwargs)
-        else:
-            self.strategy.backward(loss, self.precision, window.sync, **kwargs)
+        try:  # DDP's and FSDP's gradient collectives run in here
+            if self._loss_backward:  # what strategy and precision would do, without their two calls
+                loss.backward(**kwargs)
+            else:
+                self.strategy.backward(loss, self.precision, window.sync, **kwargs)
+        except Exception as error:
+            report_hang(error)
+            raise
 
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager:
         """Accumulate gradients over ``gradient_accumulation_steps`` batches: gradients synchronise and

@@ -11,6 +11,8 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from overdrive.accelerator.collectives import reports_hangs
+
 if TYPE_CHECKING:
     import torch
 
@@ -150,6 +152,7 @@ class ProcessSurface:
                                        self.plan.cp_comm_strategy)
 
     # -- process control (delegated to the process state) ---------------------------------------------
+    @reports_hangs
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this call (a barrier)."""
         self.state.wait_for_everyone()

@@ -13,6 +13,10 @@ from typing import Any
 REPORT_MARKER = "overdrive-hang-report: "
 #: what a collective's error says when another rank's process ended under it (lower case)
 PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+#: where a process group's timeout is raised: overdrive's group, and one made outside overdrive (adopted)
+RAISE_LIMIT = "overdrive launch --timeout SECONDS, or InitProcessGroupKwargs(timeout=...)"
+RAISE_ADOPTED_LIMIT = ("where the group is made: Ray Train's TorchConfig(timeout_s=...), or "
+                       "init_process_group(timeout=...)")
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -43,9 +47,11 @@ def _collective(own: dict[str, Any]) -> tuple[str, int]:
 
 
 def hang(rank: int, timeout_s: float, own: dict[str, Any], answers: dict[int, dict[str, Any]],
-         seqs: dict[int, int | None], places: dict[int, dict[str, Any]], cause: str = "timeout") -> dict[str, Any]:
+         seqs: dict[int, int | None], places: dict[int, dict[str, Any]], cause: str = "timeout",
+         raise_limit: str = RAISE_LIMIT) -> dict[str, Any]:
     """The report of rank ``rank``, whose collective timed out (``cause`` "timeout") or lost its connection
-    to a rank that ended ("lost"): who is behind or silent, the machines none of whose ranks answer, stacks."""
+    to a rank that ended ("lost"): who is behind or silent, the machines none of whose ranks answer, stacks.
+    ``raise_limit`` says where the timeout is set."""
     mine = own["seq"]
     world = sorted(seqs)
     behind = [r for r in world if (s := seqs[r]) is not None and s < mine]
@@ -70,8 +76,7 @@ def hang(rank: int, timeout_s: float, own: dict[str, Any], answers: dict[int, di
     if hung:
         lines.append(f"overdrive: what to do: see below where {_ranks(hung)} {'is' if len(hung) == 1 else 'are'} "
                      f"instead of in {name} (a rank that skipped or reordered a collective, or work that never "
-                     "ends); if that work is only slow, raise the limit: overdrive launch --timeout SECONDS, or "
-                     "InitProcessGroupKwargs(timeout=...).")
+                     f"ends); if that work is only slow, raise the limit: {raise_limit}.")
     # the ranks that did not arrive first: their stacks are the answer, the waiting ranks' come after
     for r in sorted(world, key=lambda r: (r not in hung, r)):
         answer = answers.get(r)

@@ -12,14 +12,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from overdrive.runtime import watchdog
+from overdrive.runtime import group, watchdog
 from overdrive.runtime.cluster import ProcessInfo
+from overdrive.runtime.torch_private import default_store_address, group_timeout
 
 #: How long a collective may wait for the other ranks on the CPU (gloo) before the job ends with a hang
 #: report; far below torch's 10 minutes, so a hung rank costs minutes, not the job's allocation.
 CPU_TIMEOUT = timedelta(minutes=3)
 #: On accelerators (NCCL...) first steps can be slow (compilation, lazy init): torch's own default.
 DEVICE_TIMEOUT = timedelta(minutes=10)
+#: the watchdog's keys in the store of a group made outside overdrive
+ADOPTED_PREFIX = "overdrive/adopted"
+#: rank 0's own store for the watchdog, where the adopted group's store cannot be shared (kept alive here)
+_announced_store: Any = None
 
 
 def default_timeout(device: torch.device) -> timedelta:
@@ -38,6 +43,7 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
     if not info.is_distributed:
         return dist.is_available() and dist.is_initialized()
     if dist.is_initialized():
+        watch_adopted_group(info, device, timeout, stall_timeout)
         return True
     backend = backend or dist.get_default_backend_for_device(device)
     timeout = timeout or default_timeout(device)
@@ -58,6 +64,33 @@ def ensure_process_group(info: ProcessInfo, device: torch.device, backend: str |
                    info.master_port, prefix, timeout, node_rank=info.node_rank,
                    stall_timeout=stall_timeout)
     return True
+
+
+def watch_adopted_group(info: ProcessInfo, device: torch.device, timeout: timedelta | None = None,
+                        stall_timeout: float | None = None) -> None:
+    """Start the hang watchdog on a default group made outside overdrive (Ray Train's ``TorchTrainer``, a
+    script's own ``init_process_group``), unless one runs: on the group's own TCP store where torch says where
+    it is, else on a store that rank 0 makes and announces over the group. Its reports name the group's own
+    timeout (else ``timeout``, else the default)."""
+    if watchdog.active() is not None:
+        return
+    pg = group.default_group()
+    address = default_store_address() or _announce_store(info.master_addr)
+    timeout = group_timeout(pg, device) or timeout or default_timeout(device)
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")  # read when the first collective is recorded
+    watchdog.start(pg, group.rank(), group.world_size(), address[0], address[1], ADOPTED_PREFIX, timeout,
+                   node_rank=info.node_rank, stall_timeout=stall_timeout, adopted=True)
+
+
+def _announce_store(host: str) -> tuple[str, int]:
+    """A TCP store on rank 0 (at ``host``, a free port), its address sent to every rank over the default group."""
+    global _announced_store
+    where: list[Any] = [None]
+    if group.rank() == 0:
+        _announced_store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        where = [(host, int(_announced_store.port))]
+    dist.broadcast_object_list(where, src=0)
+    return where[0]
 
 
 def let_threads_settle(limit: float = 2.0) -> None:

@@ -13,9 +13,11 @@ import importlib
 import pickle
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 try:  # the public pytree module, where the installed torch has one
@@ -222,3 +224,34 @@ def flight_recorder_dump() -> bytes | None:
     Why private: the recorder has no public reader. Looked up by name: it is in torch's stubs only since 2.15."""
     dump = getattr(importlib.import_module("torch._C._distributed_c10d"), "_dump_fr_trace", None)
     return None if dump is None else dump()
+
+
+def default_store_address() -> tuple[str, int] | None:
+    """The host and port of the TCP store behind the default process group, as its ranks reach it; None when
+    that store is of another kind (a file, a hash store) or torch has no getter.
+
+    Why private: torch has no public getter for the default group's store. Public fallback: None, and the
+    caller makes a store of its own and announces it over the group."""
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if getter is None:
+        return None
+    try:
+        store = getter()
+    except (RuntimeError, ValueError):  # no default group
+        return None
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return (store.host, store.port) if isinstance(store, dist.TCPStore) else None
+
+
+def group_timeout(group: Any, device: torch.device) -> timedelta | None:
+    """The timeout of ``group``'s backend on ``device``: how long a collective waits before it fails; None
+    where torch does not say.
+
+    Why private: the timeout is only in the backend's options (``_timeout``), reached through
+    ``_get_backend``. Public fallback: None, and the caller uses the timeout it was given."""
+    try:
+        timeout = group._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    return timeout if isinstance(timeout, timedelta) else None

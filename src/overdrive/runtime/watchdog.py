@@ -14,6 +14,11 @@ The rank whose collective timed out (the first one, elected with ``claim``) post
 seconds for the answers, and prints one report to stderr: the collective and its sequence number, the
 ranks that did not arrive (fewer collectives issued than the waiting rank), and every rank's stack. The
 last line, ``overdrive-hang-report: {json}``, is what ``overdrive launch`` reads to blame the hung rank.
+Where overdrive made the group, the report is made in ``sys.excepthook``, after the error's own lines. On a group
+made outside overdrive (adopted: Ray Train's ``TorchTrainer``, a script's own ``init_process_group``) the framework
+that made it may catch the error (Ray Train catches every error of the training function), so the Accelerator's
+collectives report before their error leaves overdrive (``report_before_raise``), and the error carries the
+report's first lines as a note.
 Ranks whose watchdog thread cannot answer (a C call holding the GIL) get SIGUSR1, which ``faulthandler``
 turns into a stack dump on their stderr when they run on this machine; never a rank that has posted its exit
 (``exit/<rank>``, the first thing an ending rank does), and an ending rank ignores SIGUSR1 from then on.
@@ -155,6 +160,14 @@ def _format(frames: traceback.StackSummary) -> str:
     return "".join("    " + line for line in "".join(lines).splitlines(True))
 
 
+def _where_raised(error: BaseException) -> traceback.StackSummary:
+    """The stack where ``error`` was raised: its traceback, after the frames that called the first of them (an
+    error caught inside overdrive holds only the frames from there down, not the script's line that called)."""
+    tb = error.__traceback__
+    outer = traceback.extract_stack(tb.tb_frame.f_back) if tb is not None and tb.tb_frame.f_back else []
+    return traceback.StackSummary.from_list([*outer, *traceback.extract_tb(tb)])
+
+
 def _stacks(skip: int | None = None) -> str:
     """The Python stack of every thread of this process (not the thread ``skip``)."""
     names = {t.ident: t.name for t in threading.enumerate()}
@@ -171,8 +184,10 @@ class Watchdog:
 
     def __init__(self, pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str,
                  timeout: timedelta, interval: float = 1.0, node_rank: int = 0,
-                 stall_timeout: float | None = None) -> None:
+                 stall_timeout: float | None = None, adopted: bool = False) -> None:
         self.pg, self.rank, self.world_size = pg, rank, world_size
+        self.adopted = adopted  # the group was made outside overdrive: report before the error leaves it
+        self.reported = False  # this rank has reported a fault (once per process)
         self.timeout = timeout
         self.interval = interval
         self.store_address = f"{host}:{port}"
@@ -307,8 +322,9 @@ class Watchdog:
         is printed, so that their own end does not stop it. Every store call is bounded: when the store does
         not answer, this rank prints which machine it cannot reach instead, at once. ``cause`` is "timeout"
         or "lost" (the collective lost its connection to a rank whose process ended)."""
-        own = self._state(stack="  thread MainThread (where the timeout was raised):\n"
-                                + _format(traceback.extract_tb(error.__traceback__)))
+        self.reported = True
+        own = self._state(stack=f"  thread {threading.current_thread().name} (where the timeout was raised):\n"
+                                + _format(_where_raised(error)))
         try:
             first = self.call("add", "claim", 1) == 1
             self.call("set", f"answer/{self.rank}", json.dumps(own))
@@ -322,8 +338,9 @@ class Watchdog:
         answers = self._collect(own)
         seqs = {r: answers[r]["seq"] if r in answers else self._heartbeat(r) for r in range(self.world_size)}
         places = self.places or self._places_now()
+        limit = reports.RAISE_ADOPTED_LIMIT if self.adopted else reports.RAISE_LIMIT
         report = self._print(reports.hang(self.rank, self.timeout.total_seconds(), own, answers, seqs, places,
-                                          cause))
+                                          cause, limit))
         try:
             self.call("set", "report", str(self.rank))
         except StoreUnreachable:
@@ -332,9 +349,10 @@ class Watchdog:
 
     @staticmethod
     def _print(report: dict[str, Any]) -> dict[str, Any]:
-        print(report["text"], file=sys.stderr, flush=True)
-        print(REPORT_MARKER + json.dumps({k: v for k, v in report.items() if k != "text"}), file=sys.stderr,
-              flush=True)
+        # written, not printed: Ray Train's workers replace print() with one that logs each line a second time
+        summary = json.dumps({k: v for k, v in report.items() if k != "text"})
+        sys.stderr.write(f"{report['text']}\n{REPORT_MARKER}{summary}\n")
+        sys.stderr.flush()
         return report
 
     def _wait_for_report(self) -> None:
@@ -420,8 +438,9 @@ class Watchdog:
 
 
 def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str, timeout: timedelta,
-          node_rank: int = 0, stall_timeout: float | None = None) -> None:
-    """Start this process's watchdog and the hooks that report a timed-out collective (once per process)."""
+          node_rank: int = 0, stall_timeout: float | None = None, adopted: bool = False) -> None:
+    """Start this process's watchdog and the hooks that report a timed-out collective (once per process).
+    ``adopted``: the group was made outside overdrive (see ``report_before_raise``)."""
     global _active
     if _active is not None:
         _active.stop()
@@ -430,7 +449,7 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
     except (AttributeError, ValueError, RuntimeError):  # no SIGUSR1 (Windows) or not the main thread
         pass
     _active = Watchdog(pg, rank, world_size, host, port, prefix, timeout, node_rank=node_rank,
-                       stall_timeout=stall_timeout)
+                       stall_timeout=stall_timeout, adopted=adopted)
     atexit.register(_mark_exit)
     previous = sys.excepthook
     if getattr(previous, "_overdrive_watchdog", False):
@@ -440,7 +459,7 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
         dog = _active
         if dog is not None:
             dog.post_exit()
-        cause = "timeout" if is_timeout(error) else "lost" if is_peer_loss(error) else None
+        cause = _cause(error) if dog is not None and not dog.reported else None
         if dog is not None and cause:
             # the error's own line first, whatever the report does; its stack is in the report (where the
             # timeout was raised), so the report's first lines are the rank, the collective, what to do
@@ -458,6 +477,35 @@ def start(pg: Any, rank: int, world_size: int, host: str, port: int, prefix: str
     sys.excepthook = hook
 
 
+def _cause(error: BaseException) -> str | None:
+    """"timeout" or "lost" when ``error`` is a collective's timeout or lost connection, else None."""
+    return "timeout" if is_timeout(error) else "lost" if is_peer_loss(error) else None
+
+
+def report_before_raise(error: BaseException) -> None:
+    """On an adopted group, report a collective's timeout or lost connection now, before ``error`` leaves
+    overdrive, and add the report's first lines to ``error`` as a note: the framework that made the group may
+    catch the error (Ray Train does, and shows its traceback, notes included), so ``sys.excepthook`` never
+    sees it. Nothing where overdrive made the group (its excepthook reports after the error's own lines), for
+    another error, or once this rank has reported."""
+    dog = _active
+    cause = _cause(error) if dog is not None and dog.adopted and not dog.reported else None
+    if dog is None or cause is None:
+        return
+    dog.post_exit()  # the group is broken: this rank is ending, do not ask it for a stack dump
+    try:
+        report = dog.diagnose(error, cause)
+    except Exception as exc:  # noqa: BLE001 - the error goes on; the report is extra
+        print(f"overdrive: the hang report failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return
+    if report is not None:  # the first lines; the stacks stay in the report
+        lines = [line for line in report["text"].splitlines() if line.startswith("overdrive:")]
+        note = "\n".join([*lines, f"overdrive: every rank's stack: the hang report on rank {dog.rank}'s stderr"])
+        add_note = getattr(error, "add_note", None)  # Python 3.11 and later show notes with the traceback
+        if add_note is not None:
+            add_note(note)
+
+
 def active() -> Watchdog | None:
     """This process's watchdog, if its process group was created by overdrive."""
     return _active
@@ -465,7 +513,10 @@ def active() -> Watchdog | None:
 
 def _ignore_stack_requests() -> None:
     """From now on SIGUSR1 does nothing here: faulthandler's own exit would otherwise put the default
-    action (end the process) back while the interpreter finalises."""
+    action (end the process) back while the interpreter finalises. Only the main thread can set a signal's
+    action; elsewhere (an Accelerator made in Ray Train's training thread) faulthandler keeps answering."""
+    if threading.current_thread() is not threading.main_thread():
+        return
     try:
         faulthandler.unregister(signal.SIGUSR1)
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
