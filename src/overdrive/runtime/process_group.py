@@ -72,9 +72,10 @@ def watch_adopted_group(info: ProcessInfo, device: torch.device, timeout: timede
     script's own ``init_process_group``), unless one runs: on the group's own TCP store where torch says where
     it is, else on a store that rank 0 makes and announces over the group. Its reports name the group's own
     timeout (else ``timeout``, else the default)."""
-    if watchdog.active() is not None:
-        return
     pg = group.default_group()
+    dog = watchdog.active()
+    if dog is not None and dog.pg is pg:  # watched already (a second Accelerator, or overdrive made it)
+        return
     address = default_store_address() or _announce_store(info.master_addr)
     timeout = group_timeout(pg, device) or timeout or default_timeout(device)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")  # read when the first collective is recorded
