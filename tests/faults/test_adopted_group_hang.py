@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import sys
 import time
@@ -26,7 +27,7 @@ TIMEOUT_S = 4
 pytestmark = pytest.mark.multiprocess
 
 
-def _hang_on_an_adopted_group(store_kind: str, folder: str) -> dict:
+def _hang_on_an_adopted_group(store_kind: str, verb: str, folder: str) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -58,7 +59,10 @@ def _hang_on_an_adopted_group(store_kind: str, folder: str) -> dict:
         started = time.monotonic()
         try:  # what Ray Train does with an error of the training function: catch it, report it elsewhere
             with contextlib.redirect_stderr(err):
-                accelerator.backward(loss)
+                if verb == "backward":  # DDP's all-reduce, inside the Accelerator's backward
+                    accelerator.backward(loss)
+                else:  # a collective verb (the others are marked the same way)
+                    accelerator.reduce(loss.detach(), "mean")
         except Exception as error:  # noqa: BLE001 - the framework's catch
             seen.update(error=str(error), notes=list(getattr(error, "__notes__", [])), report=err.getvalue(),
                         waited=time.monotonic() - started)
@@ -67,9 +71,9 @@ def _hang_on_an_adopted_group(store_kind: str, folder: str) -> dict:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("store_kind", ["tcp", "file"])
-def test_a_hang_on_an_adopted_group_is_reported_before_the_error_leaves_overdrive(tmp_path, store_kind):
-    waiting, hung = run_distributed(_hang_on_an_adopted_group, 2, store_kind, str(tmp_path), timeout=100)
+@pytest.mark.parametrize(("store_kind", "verb"), [("tcp", "backward"), ("file", "reduce")])
+def test_a_hang_on_an_adopted_group_is_reported_before_the_error_leaves_overdrive(tmp_path, store_kind, verb):
+    waiting, hung = run_distributed(_hang_on_an_adopted_group, 2, store_kind, verb, str(tmp_path), timeout=100)
     assert waiting["model"] == "DistributedDataParallel"
     # the watchdog's store: the group's own where it is a TCP store, else one rank 0 announced over the group
     assert waiting["store"] == hung["store"]
@@ -77,12 +81,18 @@ def test_a_hang_on_an_adopted_group_is_reported_before_the_error_leaves_overdriv
     report, notes = waiting["report"], waiting["notes"]
     # the launcher's report (tests/faults/test_launcher_faults.py), from the waiting rank, before the error left
     headline = f"overdrive: hang detected: rank 0 waited {TIMEOUT_S} s in collective #"
-    assert headline in report and "(gloo:all_reduce) and timed out; rank 1 did not arrive." in report, report
+    summary = json.loads(report.split("overdrive-hang-report: ")[1].splitlines()[0])
+    # the collective torch's flight recorder saw: DDP's all-reduce; reduce's own collective (ops' business)
+    name = "gloo:all_reduce" if verb == "backward" else summary["collective"]
+    assert summary["collective"] == name and name.startswith("gloo:all_"), summary
+    assert summary["hung_ranks"] == [1] and summary["waiting_rank"] == 0, summary
+    assert headline in report and f"({name}) and timed out; rank 1 did not arrive." in report, report
     assert report.split("overdrive: hang detected")[1].splitlines()[1].startswith("overdrive: what to do:")
     assert "<- did not arrive" in report.split("-- rank 1:")[1].splitlines()[0]
     assert "time.sleep(0.2)  # where the hung rank is" in report.split("-- rank 1:")[1]
-    assert "accelerator.backward(loss)" in report.split("-- rank 0:")[1].split("-- rank 1:")[0]
-    assert "overdrive-hang-report: " in report
+    # where the waiting rank waits: the script's line, though the error was caught inside overdrive
+    where = "accelerator.backward(loss)" if verb == "backward" else 'accelerator.reduce(loss.detach(), "mean")'
+    assert where in report.split("-- rank 0:")[1].split("-- rank 1:")[0], report
     # the error the framework catches carries the report's first lines (Ray Train shows them to the driver)
     if sys.version_info >= (3, 11):  # exceptions take notes from 3.11
         assert len(notes) == 1 and notes[0].startswith(headline) and "rank 1 did not arrive" in notes[0], notes

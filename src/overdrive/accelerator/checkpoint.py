@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from overdrive.accelerator.collectives import reports_hangs
 from overdrive.training.prepared import TrainingState
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class CheckpointVerbs:
         else:
             torch.save(obj, f)
 
+    @reports_hangs
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
                    **save_model_func_kwargs: Any) -> str:
         """Save the whole training state (models, optimizers, schedulers, loss scaler, data-loader
@@ -69,6 +71,7 @@ class CheckpointVerbs:
 
         return save_state(self.training_state(), output_dir, safe_serialization, **save_model_func_kwargs)
 
+    @reports_hangs
     def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> str:
         """Restore what ``save_state`` saved (the newest complete checkpoint when ``input_dir`` is None and
         names are automatic), or a folder the real Accelerate wrote. Keywords: ``allow_pickle`` (default
@@ -105,6 +108,7 @@ class CheckpointVerbs:
         pops it from ``models``. Returns a handle with ``remove()``."""
         return self.prepared.add_hook(self.prepared.load_hooks, hook)
 
+    @reports_hangs
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
         """Write ``model``'s full weights as ``model.safetensors`` (or shards + index) in ``save_directory``."""
@@ -114,6 +118,7 @@ class CheckpointVerbs:
         save_model(model, save_directory, max_shard_size, safe_serialization, is_main_process=self.state.is_main_process,
                    engine=self.strategy.engine_checkpoint)
 
+    @reports_hangs
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """``model``'s full state dict on the CPU, by the user's parameter names (gathered when sharded)."""
         # lazy: the checkpoint package (torch.distributed.checkpoint with it) loads only when a run uses it

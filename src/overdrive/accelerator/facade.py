@@ -409,6 +409,7 @@ class Accelerator(ProcessSurface, CollectiveVerbs, CheckpointVerbs, TrackingVerb
         for opt in chosen:
             opt.unscale_()
 
+    @reports_hangs
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float = 2) -> torch.Tensor:
         """Clip gradients by their global norm (across processes) and return that norm."""
