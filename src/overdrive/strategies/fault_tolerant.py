@@ -27,14 +27,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torchft.ddp import DistributedDataParallel as TorchftDDP
 from torchft.manager import Manager
 from torchft.optim import OptimizerWrapper
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
-from overdrive.resolve import FaultTolerantSettings
+from overdrive.resolve import DDPSettings, FaultTolerantSettings
 from overdrive.runtime.group import rank, world_size
-from overdrive.strategies.base import StrategyContext
+from overdrive.strategies.base import StrategyBase, StrategyContext
 from overdrive.strategies.ddp import DDPStrategy
 from overdrive.strategies.single import SingleDeviceStrategy
 from overdrive.training.prepared import PreparedObjects
@@ -44,14 +45,17 @@ class LighthouseLost(RuntimeError):
     """No quorum could be formed: the lighthouse cannot be reached (or answered nothing in time)."""
 
 
-class FaultTolerantStrategy(DDPStrategy):
-    """DDP inside a replica group, torchft's fault-tolerant average across groups (see the module docstring)."""
+class FaultTolerance(StrategyBase):
+    """torchft's replica groups around the data parallel inside a group: the manager, the step's quorum, the
+    commit, the data split over every group, and the state a healing group receives (see the module
+    docstring). A strategy mixes it in before the strategy it runs inside each group (``ft_ddp``: DDP,
+    ``ft_fsdp2``: FSDP2), whose settings it hands over as :meth:`group_settings`; its ``wrap_model`` calls
+    :meth:`watch_steps` on the model it trains."""
 
-    name = "ft_ddp"
     settings_type = FaultTolerantSettings
 
     def __init__(self, context: StrategyContext, settings: FaultTolerantSettings) -> None:
-        super().__init__(context, settings)  # pyright: ignore[reportArgumentType]  (DDP reads only .options)
+        super().__init__(context, self.group_settings(settings))
         self.ft = settings
         self.prepared: PreparedObjects | None = None
         #: a quorum was taken for the step in progress (closed when the optimizer steps)
@@ -64,6 +68,11 @@ class FaultTolerantStrategy(DDPStrategy):
         self.quorum_started = 0.0
         self.reports = QuorumReports(settings, rank() == 0)
         self.manager = self._start_manager()
+
+    @staticmethod
+    def group_settings(settings: FaultTolerantSettings) -> Any:
+        """The settings of the strategy that runs inside the group."""
+        raise NotImplementedError
 
     # -- torchft's manager ---------------------------------------------------------------------------
     def _start_manager(self) -> Manager:
@@ -160,21 +169,11 @@ class FaultTolerantStrategy(DDPStrategy):
         if not self.reports.quorums:
             self.start_quorum(from_forward=False)
 
-    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
-                   hooks: list[Any]) -> nn.Module:
-        """The one-process model path, then torchft's ``DistributedDataParallel`` around the model (inside a
-        group of several processes, their average first), and the hook that takes the step's quorum before
-        its first training forward."""
-        model = SingleDeviceStrategy.wrap_model(self, model, device_placement, evaluation_mode, hooks=hooks)
-        if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
-            return model
-        options = {k: v for k, v in self.options.ddp_kwargs().items() if k != "find_unused_parameters"}
-        if world_size() > 1:
-            _broadcast_from_first(model)  # torchft's DDP makes no broadcast of its own inside a group
-        wrapped = ManagedDistributedDataParallel(self.manager, model, **options)
-        wrapped.register_forward_pre_hook(self._before_forward)
-        wrapped.register_forward_hook(self._after_forward)
-        return wrapped
+    def watch_steps(self, model: nn.Module) -> None:
+        """Take each step's quorum before ``model``'s first training forward of the step, and wait for it when
+        that forward ends."""
+        model.register_forward_pre_hook(self._before_forward)
+        model.register_forward_hook(self._after_forward)
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if not self.open and module.training and torch.is_grad_enabled():
@@ -184,17 +183,13 @@ class FaultTolerantStrategy(DDPStrategy):
         if self.open and module.training and torch.is_grad_enabled():
             self.wait_quorum()
 
-    def unwrap_model(self, model: nn.Module) -> nn.Module:
-        """The module inside the data-parallel wrapper."""
-        return model.module if isinstance(model, TorchftDDP) else model
-
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
         """torchft's optimizer wrapper: the optimizer steps only when every process of the group may commit."""
         if any(isinstance(opt.optimizer, CommittingOptimizer) for opt in (self.prepared.optimizers if self.prepared
                                                                           else [])):
             raise ValueError("fault-tolerant training (--ft_lighthouse) takes one optimizer: each step commits "
                              "once; combine the parameter groups into one optimizer")
-        return CommittingOptimizer(self.manager, optimizer, self.step_ended)
+        return CommittingOptimizer(self.manager, super().prepare_optimizer(optimizer, models), self.step_ended)
 
     # -- what a healing group receives --------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -232,6 +227,36 @@ class FaultTolerantStrategy(DDPStrategy):
                 if position is not None:
                     loader.load_state_dict(position)
         self.reports.received_bytes = _nbytes(state)
+
+
+class FaultTolerantStrategy(FaultTolerance, DDPStrategy):
+    """DDP inside a replica group, torchft's fault-tolerant average across groups (see the module docstring)."""
+
+    name = "ft_ddp"
+
+    @staticmethod
+    def group_settings(settings: FaultTolerantSettings) -> DDPSettings:
+        """DDP's options inside the group."""
+        return DDPSettings(options=settings.options)
+
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
+                   hooks: list[Any]) -> nn.Module:
+        """The one-process model path, then torchft's ``DistributedDataParallel`` around the model (inside a
+        group of several processes, their average first), and the hook that takes the step's quorum before
+        its first training forward."""
+        model = SingleDeviceStrategy.wrap_model(self, model, device_placement, evaluation_mode, hooks=hooks)
+        if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
+            return model
+        options = {k: v for k, v in self.options.ddp_kwargs().items() if k != "find_unused_parameters"}
+        if world_size() > 1:
+            _broadcast_from_first(model)  # torchft's DDP makes no broadcast of its own inside a group
+        wrapped = ManagedDistributedDataParallel(self.manager, model, **options)
+        self.watch_steps(wrapped)
+        return wrapped
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The module inside the data-parallel wrapper."""
+        return model.module if isinstance(model, TorchftDDP) else model
 
 
 class CommittingOptimizer(OptimizerWrapper):
@@ -302,6 +327,8 @@ def _broadcast_from_first(model: nn.Module) -> None:
 
 def _nbytes(value: Any) -> int:
     """The bytes of the tensors in a nested state."""
+    if isinstance(value, DTensor):  # this process's shard
+        value = value.to_local()
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, Mapping):
