@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -60,6 +61,8 @@ def main() -> None:
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     group = os.environ.get("OVERDRIVE_FT_REPLICA_GROUP", "0")
     log = out / f"steps_{group}_{accelerator.process_index}.jsonl"
+    if isinstance(model, FSDPModule):
+        _check_the_state_sent_while_gathered(accelerator, model, out / f"sent_{group}_{accelerator.process_index}.json")
     kill_at = int(os.environ.get("FT_KILL_AT_STEP", "-1"))
     for step, (inputs, targets) in enumerate(loader):
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
@@ -92,6 +95,21 @@ def main() -> None:
     if accelerator.is_main_process:
         (out / f"evaluated_{group}.json").write_text(json.dumps(seen))
         torch.save(final, out / f"final_{group}.pt")
+
+
+def _check_the_state_sent_while_gathered(accelerator: Accelerator, model: Any, path: Path) -> None:
+    """The state a healing group would receive, read while the weights are gathered (as in a forward, when
+    torchft's quorum thread reads it): this process's shards, and the gathered weights left in place."""
+    strategy: Any = accelerator.strategy
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for module in sharded:  # (each unshards its own parameters only)
+        module.unshard()
+    sent = strategy.model_state(model)
+    in_use = dict(model.named_parameters())
+    path.write_text(json.dumps({"sent": {k: type(v).__name__ for k, v in sent.items()},
+                                "in_use": {k: type(v).__name__ for k, v in in_use.items()}}))
+    for module in sharded:
+        module.reshard()
 
 
 def _whole(value: Any) -> Any:

@@ -3,8 +3,9 @@ group shards the model with FSDP2 over its own two processes, the groups average
 torchft. The unchanged script tests/scripts/ft_job.py, launched as in tests/strategies/test_fault_tolerant.py
 (whose helpers these tests reuse), a real lighthouse on 127.0.0.1.
 
-- no fault: two groups of two processes equal plain DDP over the same four processes, and ``save_state`` /
-  ``load_state`` give the sharded state back;
+- no fault: two groups of two processes equal plain DDP over the same four processes, ``save_state`` /
+  ``load_state`` give the sharded state back, and the state a healing group receives is each process's shards
+  even when read while the weights are gathered (as torchft's quorum thread may, during a forward);
 - one group killed mid-run (every process of its launch, SIGKILL): the other keeps its processes and steps again;
   the killed group launched again heals, each process from the live group's process of the same shard rank, and
   both end with the same weights and optimizer state.
@@ -13,6 +14,7 @@ torchft. The unchanged script tests/scripts/ft_job.py, launched as in tests/stra
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -68,6 +70,9 @@ def test_without_faults_two_sharded_groups_equal_plain_ddp_and_checkpoints_load(
         torch.testing.assert_close(_flat_optimizer(final["optimizer"]), _flat_optimizer(ddp["optimizer"]),
                                    rtol=0, atol=1e-6)
         assert final["scheduler"] == ddp["scheduler"]
+        for rank in (0, 1):  # read while the weights were gathered: the shards sent, the gathered ones kept
+            sent = json.loads((out / f"sent_{group}_{rank}.json").read_text())
+            assert set(sent["sent"].values()) == {"DTensor"} and "DTensor" not in sent["in_use"].values(), sent
         saved = out / f"saved_state_{group}"  # FSDP's sharded layout, as Accelerate writes it
         assert (saved / "pytorch_model_fsdp_0").is_dir() and (saved / "optimizer_0").is_dir(), sorted(saved.iterdir())
 
@@ -115,13 +120,13 @@ def test_a_killed_sharded_group_drops_out_and_heals_shard_by_shard(tmp_path):
     assert {s["pid"] for s in survivor} == {survivor[0]["pid"]}  # never restarted
     after = [s["time"] for s in survivor if s["time"] > killed_at and not s["skipped"]]
     assert after and after[0] - killed_at < 30, f"the survivor's next step came {after[0] - killed_at:.1f} s later"
-    print(f"survivor's next step {after[0] - killed_at:.2f} s after the kill")  # docs/machines.md quotes it (-s)
+    print(f"FSDP2 groups: the survivor stepped again {after[0] - killed_at:.2f} s after the kill")  # docs quote it (-s)
     assert sum(s["skipped"] for s in survivor) == 1  # the step the loss happened in is dropped, only it
     survivor_err, healed_err = (out / "group0.err").read_text(), (out / "group1.err").read_text()
     assert "replica group 1 (machine" in survivor_err and "was lost; the quorum is now 1 group(s)" in survivor_err
     healed_lines = re.findall(r"healed from replica group 0 \(machine [^)\s]+\) in (\d+\.\d\d) s", healed_err)
     assert len(healed_lines) == 1 and float(healed_lines[0]) < 30, healed_err
-    print(f"healed in {healed_lines[0]} s")  # docs/machines.md quotes it (-s)
+    print(f"FSDP2 groups: healed in {healed_lines[0]} s")  # docs/machines.md quotes it (-s)
     assert 0 < len(healed) < len(survivor) and healed[-1]["scheduler_step"] == survivor[-1]["scheduler_step"] >= end
     assert len((out / "steps_1_1.jsonl").read_text().splitlines()) == len(healed)  # both processes stepped
     first, second = _final(out, 0), _final(out, 1)

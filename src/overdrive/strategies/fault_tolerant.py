@@ -192,10 +192,15 @@ class FaultTolerance(StrategyBase):
         return CommittingOptimizer(self.manager, super().prepare_optimizer(optimizer, models), self.step_ended)
 
     # -- what a healing group receives --------------------------------------------------------------
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
+        """What a healing group receives of a prepared ``model``: its state dict (read on torchft's quorum
+        thread, while this process may be inside the step's forward)."""
+        return self.unwrap_model(model).state_dict()
+
     def _state(self) -> dict[str, Any]:
         prepared = self.prepared
         assert prepared is not None
-        state = {"models": [self.unwrap_model(m).state_dict() for m in prepared.models],
+        state = {"models": [self.model_state(m) for m in prepared.models],
                  "optimizers": [opt.state_dict() for opt in prepared.optimizers],
                  "schedulers": [s.state_dict() for s in prepared.schedulers],
                  "loaders": [self._loader_position(loader) for loader in prepared.dataloaders]}

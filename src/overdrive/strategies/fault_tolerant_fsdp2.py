@@ -12,6 +12,7 @@ with the same shard rank, over torchft's checkpoint transport.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -36,6 +37,8 @@ class FaultTolerantFSDP2Strategy(FaultTolerance, FSDP2Strategy):
         super().__init__(context, settings)
         #: the same shard rank's process of every group in the quorum (torchft's replicate axis)
         self.replicas = ManagedProcessGroup(self.manager)
+        #: each prepared model's sharded parameters and buffers by state-dict name, as ``fully_shard`` left them
+        self._sharded_state: weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
 
     @staticmethod
     def group_settings(settings: FaultTolerantSettings) -> FSDP2Settings:
@@ -57,8 +60,18 @@ class FaultTolerantFSDP2Strategy(FaultTolerance, FSDP2Strategy):
                              "model: each replica group needs 2 or more processes to shard over")
         for module in sharded:
             module.set_all_reduce_hook(self._average_across_groups)
+        # FSDP2's own state_dict() swaps the sharded parameters back in, which must not happen on torchft's
+        # quorum thread while this process's forward or backward uses the gathered ones: the sharded
+        # parameters (and buffers) are taken now, by their state-dict names, and read from there
+        self._sharded_state[model] = model.state_dict(keep_vars=True)
         self.watch_steps(model)
         return model
+
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
+        """This process's shard of ``model``'s weights (DTensors) and its buffers, without FSDP2's state-dict
+        hooks (see :meth:`wrap_model`)."""
+        state = self._sharded_state.get(model)
+        return model.state_dict() if state is None else {name: t.detach() for name, t in state.items()}
 
     def _average_across_groups(self, shard: torch.Tensor) -> None:
         """The group's gradient shard averaged over the groups of the quorum, in place (a healing group adds
