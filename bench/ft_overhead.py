@@ -97,11 +97,12 @@ def _ft_flags(address: str, group: int, fsdp: bool = False) -> list[str]:
 
 
 def step_time(fault_tolerant: bool, folder: Path, fsdp: bool = False) -> float:
-    """Rank 0's median step time (s) of one run (with ``fsdp``: plain FSDP2 over 4 processes, or 2 groups of 2
-    processes sharding with FSDP2)."""
+    """Rank 0's median step time (s) of one run (with ``fsdp``: plain HSDP over 4 processes, 2 replicas of 2
+    shards, or 2 groups of 2 processes sharding with FSDP2)."""
     env, out = _env(), folder / f"result_{time.monotonic_ns()}.json"
     if not fault_tolerant:
-        plain = ["--num_processes", "4", "--use_fsdp", "--fsdp_version", "2"] if fsdp else ["--num_processes", "2"]
+        plain = ["--num_processes", "4", "--use_fsdp", "--fsdp_version", "2", "--parallelism_config_dp_replicate_size",
+                 "2", "--parallelism_config_dp_shard_size", "2"] if fsdp else ["--num_processes", "2"]
         proc = _launch(plain, out, env, folder / "ddp.log")
         assert proc.wait(600) == 0, (folder / "ddp.log").read_text()[-2000:]
         return json.loads(out.read_text())["median_s"]
@@ -154,7 +155,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--heal-sizes", type=int, nargs="*", default=[256, 1024, 2048])
     parser.add_argument("--fsdp", action="store_true", help="groups of 2 processes that shard with FSDP2 (against "
-                        "plain FSDP2 over 4 processes)")
+                        "plain HSDP over 4 processes: 2 replicas of 2 shards)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("out", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -188,14 +189,14 @@ def _print_step_times(results: dict[str, list[float]], rounds: int, fsdp: bool) 
     """The step-time table; returns each round's own ratio, in order."""
     ddp, ft = statistics.median(results["ddp"]), statistics.median(results["ft"])
     print(f"| mode | median step (ms), {rounds} rounds | per round (ms) |\n|---|---|---|")
-    names = (("plain FSDP2, 4 processes", "2 replica groups of 2, FSDP2 inside (--ft_lighthouse)") if fsdp
+    names = (("plain HSDP, 2 replicas x 2 shards", "2 replica groups of 2, FSDP2 inside (--ft_lighthouse)") if fsdp
              else ("plain DDP, 2 processes", "2 replica groups (--ft_lighthouse)"))
     for mode, key in zip(names, ("ddp", "ft")):
         per_round = ", ".join(f"{1e3 * t:.2f}" for t in results[key])
         print(f"| {mode} | {1e3 * statistics.median(results[key]):.2f} | {per_round} |")
     # each round ran both modes back to back: its own ratio is less exposed to the load of the moment
     ratios = sorted(f / d for d, f in zip(results["ddp"], results["ft"]))
-    print(f"\nfault-tolerant / plain {'FSDP2' if fsdp else 'DDP'}: x{ft / ddp:.3f} (medians); per round x{statistics.median(ratios):.3f} "
+    print(f"\nfault-tolerant / plain {'HSDP' if fsdp else 'DDP'}: x{ft / ddp:.3f} (medians); per round x{statistics.median(ratios):.3f} "
           f"(median; from x{ratios[0]:.3f} to x{ratios[-1]:.3f}) (target <= x{TARGET})\n")
     return ratios
 
