@@ -3,6 +3,7 @@ processes, and the time a relaunched replica group takes to heal, by model size.
 
     .venv/bin/python bench/ft_overhead.py                   # 3 rounds, ~4 min on 2 CPU cores
     .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes 256 1024 2048
+    .venv/bin/python bench/ft_overhead.py --fsdp --heal-sizes 1024   # groups of 2 processes with FSDP2
 
 Step time: the same loop (an MLP of 4 layers of ``--hidden`` units, AdamW, 64 samples a process a step), run
 as ``overdrive launch --num_processes 2`` (plain DDP) and as two launches of one process each joined by a
@@ -90,21 +91,24 @@ def _lighthouse(min_replicas: int, env: dict[str, str]) -> tuple[subprocess.Pope
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _ft_flags(address: str, group: int) -> list[str]:
-    return ["--num_processes", "1", "--ft_lighthouse", address, "--ft_replica_group", str(group),
-            "--ft_num_replica_groups", "2"]
+def _ft_flags(address: str, group: int, fsdp: bool = False) -> list[str]:
+    inside = ["--num_processes", "2", "--use_fsdp", "--fsdp_version", "2"] if fsdp else ["--num_processes", "1"]
+    return [*inside, "--ft_lighthouse", address, "--ft_replica_group", str(group), "--ft_num_replica_groups", "2"]
 
 
-def step_time(fault_tolerant: bool, folder: Path) -> float:
-    """Rank 0's median step time (s) of one run."""
+def step_time(fault_tolerant: bool, folder: Path, fsdp: bool = False) -> float:
+    """Rank 0's median step time (s) of one run (with ``fsdp``: plain HSDP over 4 processes, 2 replicas of 2
+    shards, or 2 groups of 2 processes sharding with FSDP2)."""
     env, out = _env(), folder / f"result_{time.monotonic_ns()}.json"
     if not fault_tolerant:
-        proc = _launch(["--num_processes", "2"], out, env, folder / "ddp.log")
+        plain = ["--num_processes", "4", "--use_fsdp", "--fsdp_version", "2", "--parallelism_config_dp_replicate_size",
+                 "2", "--parallelism_config_dp_shard_size", "2"] if fsdp else ["--num_processes", "2"]
+        proc = _launch(plain, out, env, folder / "ddp.log")
         assert proc.wait(600) == 0, (folder / "ddp.log").read_text()[-2000:]
         return json.loads(out.read_text())["median_s"]
     lighthouse, address = _lighthouse(2, env)
     try:
-        procs = [_launch(_ft_flags(address, g), out.with_suffix(f".{g}"), env, folder / f"ft{g}.log")
+        procs = [_launch(_ft_flags(address, g, fsdp), out.with_suffix(f".{g}"), env, folder / f"ft{g}.log")
                  for g in (0, 1)]
         for g, proc in enumerate(procs):
             assert proc.wait(600) == 0, (folder / f"ft{g}.log").read_text()[-2000:]
@@ -114,17 +118,18 @@ def step_time(fault_tolerant: bool, folder: Path) -> float:
     return json.loads(out.with_suffix(".0").read_text())["median_s"]
 
 
-def heal(hidden: int, folder: Path) -> dict[str, float]:
-    """Group 1 launched while group 0 trains: its heal's time (s) and size (MB), read from its report."""
+def heal(hidden: int, folder: Path, fsdp: bool = False) -> dict[str, float]:
+    """Group 1 launched while group 0 trains: its heal's time (s) and size (MB), read from its report (with
+    ``fsdp``, groups of 2 processes sharding the model with FSDP2: the size is process 0's shard)."""
     env = {**_env(), "BENCH_STEP_SLEEP": "0.05"}
     lighthouse, address = _lighthouse(1, env)
     WORKER_ARGS[:] = ["--hidden", str(hidden), "--steps", "600"]
     try:
-        first = _launch(_ft_flags(address, 0), folder / "heal0.json", env, folder / "heal0.log")
+        first = _launch(_ft_flags(address, 0, fsdp), folder / "heal0.json", env, folder / "heal0.log")
         deadline = time.monotonic() + 300
         while "first quorum" not in (folder / "heal0.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
-        second = _launch(_ft_flags(address, 1), folder / "heal1.json", env, folder / "heal1.log")
+        second = _launch(_ft_flags(address, 1, fsdp), folder / "heal1.json", env, folder / "heal1.log")
         while "healed from" not in (folder / "heal1.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         for proc in (first, second):
@@ -149,6 +154,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--heal-sizes", type=int, nargs="*", default=[256, 1024, 2048])
+    parser.add_argument("--fsdp", action="store_true", help="groups of 2 processes that shard with FSDP2 (against "
+                        "plain HSDP over 4 processes: 2 replicas of 2 shards)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("out", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,26 +169,36 @@ def main() -> None:
         for _ in range(args.rounds):
             for mode in ("ddp", "ft"):
                 WORKER_ARGS[:] = ["--hidden", str(args.hidden), "--steps", str(args.steps)]
-                results[mode].append(step_time(mode == "ft", folder))
+                results[mode].append(step_time(mode == "ft", folder, args.fsdp))
         for hidden in args.heal_sizes:
-            heals[hidden] = heal(hidden, folder)
-    ddp, ft = statistics.median(results["ddp"]), statistics.median(results["ft"])
-    print(f"| mode | median step (ms), {args.rounds} rounds | per round (ms) |\n|---|---|---|")
-    for mode, value in (("plain DDP, 2 processes", ddp), ("2 replica groups (--ft_lighthouse)", ft)):
-        rounds = ", ".join(f"{1e3 * t:.2f}" for t in results["ddp" if value is ddp else "ft"])
-        print(f"| {mode} | {1e3 * value:.2f} | {rounds} |")
-    # each round ran both modes back to back: its own ratio is less exposed to the load of the moment
-    ratios = sorted(f / d for d, f in zip(results["ddp"], results["ft"]))
-    print(f"\nfault-tolerant / plain DDP: x{ft / ddp:.3f} (medians); per round x{statistics.median(ratios):.3f} "
-          f"(median; from x{ratios[0]:.3f} to x{ratios[-1]:.3f}) (target <= x{TARGET})\n")
-    print("| hidden | heal (s) | sent (MB) |\n|---|---|---|")
+            heals[hidden] = heal(hidden, folder, args.fsdp)
+    ratios = _print_step_times(results, args.rounds, args.fsdp) if args.rounds else []
+    print(f"| hidden | heal (s) | sent (MB{', process 0' if args.fsdp else ''}) |\n|---|---|---|")
     for hidden, found in heals.items():
         print(f"| {hidden} | {found['seconds']:.2f} | {found['megabytes']:.2f} |")
+    ratio = statistics.median(results["ft"]) / statistics.median(results["ddp"]) if args.rounds else None
     record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
               "load": os.getloadavg()[0], "hidden": args.hidden, "steps": args.steps, "step_s": results,
-              "ratio": ft / ddp, "round_ratios": ratios, "heal": heals}
+              "ratio": ratio, "round_ratios": ratios, "heal": heals, "heal_inside_groups": "FSDP2, 2 processes" if args.fsdp else "1 process"}
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "ft_overhead.json").write_text(json.dumps(record, indent=2) + "\n")
+    name = "ft_overhead_fsdp2.json" if args.fsdp else "ft_overhead.json"
+    (HERE / "results" / name).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _print_step_times(results: dict[str, list[float]], rounds: int, fsdp: bool) -> list[float]:
+    """The step-time table; returns each round's own ratio, in order."""
+    ddp, ft = statistics.median(results["ddp"]), statistics.median(results["ft"])
+    print(f"| mode | median step (ms), {rounds} rounds | per round (ms) |\n|---|---|---|")
+    names = (("plain HSDP, 2 replicas x 2 shards", "2 replica groups of 2, FSDP2 inside (--ft_lighthouse)") if fsdp
+             else ("plain DDP, 2 processes", "2 replica groups (--ft_lighthouse)"))
+    for mode, key in zip(names, ("ddp", "ft")):
+        per_round = ", ".join(f"{1e3 * t:.2f}" for t in results[key])
+        print(f"| {mode} | {1e3 * statistics.median(results[key]):.2f} | {per_round} |")
+    # each round ran both modes back to back: its own ratio is less exposed to the load of the moment
+    ratios = sorted(f / d for d, f in zip(results["ddp"], results["ft"]))
+    print(f"\nfault-tolerant / plain {'HSDP' if fsdp else 'DDP'}: x{ft / ddp:.3f} (medians); per round x{statistics.median(ratios):.3f} "
+          f"(median; from x{ratios[0]:.3f} to x{ratios[-1]:.3f}) (target <= x{TARGET})\n")
+    return ratios
 
 
 if __name__ == "__main__":

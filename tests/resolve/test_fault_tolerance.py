@@ -1,5 +1,5 @@
 """resolve_fault_tolerance: what ``--ft_lighthouse`` and its companions resolve to, and the refusals (a bad address,
-a strategy other than data parallel, a replica group outside the count)."""
+a strategy other than data parallel or FSDP2 sharding inside a group, a replica group outside the count)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import socket
 
 import pytest
 
-from overdrive.config import DistributedDataParallelKwargs
+from overdrive.config import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
 from overdrive.resolve.fault_tolerance import DEFAULT_TIMEOUT_S, resolve_fault_tolerance
 from overdrive.resolve.plan import FaultTolerantSettings
+from overdrive.runtime.mesh import ParallelDims
 from tests.resolve.conftest import cpu_process
 
 needs_torchft = pytest.mark.skipif(importlib.util.find_spec("torchft") is None, reason="needs torchft")
@@ -66,11 +67,39 @@ def test_a_replica_group_outside_the_count_is_refused():
                       "raise ft_num_replica_groups)"]
 
 
-@pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed", "pipeline"])
-def test_a_strategy_other_than_data_parallel_is_refused_naming_it(strategy):
+@needs_torchft
+def test_fsdp2_over_the_group_shards_inside_each_replica_group():
+    """FSDP2 over the group's processes: the settings carry a copy of the plugin (the strategy ft_fsdp2); with one
+    process there is nothing to shard, and the group runs as data parallel (ft_ddp)."""
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=False)
+    errors: list[str] = []
+    settings = resolve_fault_tolerance({"ft_lighthouse": LIGHTHOUSE}, cpu_process(2), "fsdp2", None, errors,
+                                       fsdp=plugin, dims=ParallelDims(dp_shard=2))
+    assert errors == [] and settings is not None
+    assert settings.fsdp == plugin and settings.fsdp is not plugin
+    settings = resolve_fault_tolerance({"ft_lighthouse": LIGHTHOUSE}, cpu_process(), "fsdp2", None, errors,
+                                       fsdp=plugin, dims=ParallelDims())
+    assert errors == [] and settings is not None and settings.fsdp is None
+
+
+@pytest.mark.parametrize(("dims", "named"), [(ParallelDims(dp_shard=2, tp=2), "tensor parallel (tp_size) 2"),
+                                             (ParallelDims(dp_replicate=2, dp_shard=2),
+                                              "replicas inside the group (dp_replicate_size) 2")])
+def test_fsdp2_with_other_axes_inside_the_group_is_refused_naming_them(dims, named):
+    errors: list[str] = []
+    settings = resolve_fault_tolerance({"ft_lighthouse": LIGHTHOUSE}, cpu_process(4), "fsdp2", None, errors,
+                                       fsdp=FullyShardedDataParallelPlugin(), dims=dims)
+    assert settings is None and len(errors) == 1
+    assert errors[0].startswith(f"ft_lighthouse='{LIGHTHOUSE}' with the 'fsdp2' strategy ({named}): ")
+    assert "leave out DeepSpeed, pipeline, tensor and context parallel settings and dp_replicate_size" in errors[0]
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed", "pipeline"])
+def test_a_strategy_other_than_data_parallel_or_fsdp2_is_refused_naming_it(strategy):
     settings, errors = _resolve({"ft_lighthouse": LIGHTHOUSE}, strategy)
     assert settings is None and len(errors) == 1
-    assert errors[0].startswith(f"ft_lighthouse='{LIGHTHOUSE}' with the '{strategy}' strategy")
+    assert errors[0].startswith(f"ft_lighthouse='{LIGHTHOUSE}' with the '{strategy}' strategy: fault-tolerant "
+                                "training runs data parallel (DDP) or FSDP2 sharding over each replica group's")
 
 
 def test_an_address_that_is_not_a_lighthouse_url_is_refused_naming_it():

@@ -6,9 +6,12 @@ gathered (``gather_for_metrics``) to ``OUT/evaluated_<group>.json``. ``STEP_SLEE
 test time to act; ``FT_KILL_AT_STEP=N`` kills the launch's processes (SIGKILL) in step N, after its forward:
 the other groups lose it mid-step. Once a file ``OUT/end_step`` holds a number N, every group leaves its loop
 when its scheduler has stepped N times (a test ends a run a few steps after a relaunched group healed, rather
-than after a data set sized for the slowest machine).
+than after a data set sized for the slowest machine). With ``SAVE_AND_LOAD=1`` the run ends with ``save_state``
+into ``OUT/saved_state_<group>``, its weights and optimizer state zeroed, and ``load_state``, before the final
+save. The weights and optimizer state saved are whole tensors under FSDP2 too (gathered over the group).
 
     overdrive launch --ft_lighthouse http://HOST:PORT --ft_replica_group 0 --ft_num_replica_groups 2 ft_job.py OUT
+    overdrive launch --use_fsdp --fsdp_version 2 --num_processes 2 --ft_lighthouse ... ft_job.py OUT   # FSDP2 inside
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from overdrive import Accelerator
@@ -55,6 +61,8 @@ def main() -> None:
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     group = os.environ.get("OVERDRIVE_FT_REPLICA_GROUP", "0")
     log = out / f"steps_{group}_{accelerator.process_index}.jsonl"
+    if isinstance(model, FSDPModule):
+        _check_the_state_sent_while_gathered(accelerator, model, out / f"sent_{group}_{accelerator.process_index}.json")
     kill_at = int(os.environ.get("FT_KILL_AT_STEP", "-1"))
     for step, (inputs, targets) in enumerate(loader):
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
@@ -79,11 +87,51 @@ def main() -> None:
     with torch.no_grad():
         for (index,) in evaluation:
             seen += accelerator.gather_for_metrics(index).flatten().tolist()
+    if os.environ.get("SAVE_AND_LOAD"):
+        _save_clear_and_load(accelerator, model, optimizer, out / f"saved_state_{group}")
+    # whole tensors (a sharded model's and its optimizer's are gathered over the group: every process takes part)
+    final = {"weights": _whole(accelerator.unwrap_model(model).state_dict()), "optimizer": _whole(optimizer.state_dict()),
+             "scheduler": scheduler.state_dict(), "distributed_type": str(accelerator.distributed_type)}
     if accelerator.is_main_process:
         (out / f"evaluated_{group}.json").write_text(json.dumps(seen))
-        unwrapped = accelerator.unwrap_model(model)
-        torch.save({"weights": unwrapped.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict()}, out / f"final_{group}.pt")
+        torch.save(final, out / f"final_{group}.pt")
+
+
+def _check_the_state_sent_while_gathered(accelerator: Accelerator, model: Any, path: Path) -> None:
+    """The state a healing group would receive, read while the weights are gathered (as in a forward, when
+    torchft's quorum thread reads it): this process's shards, and the gathered weights left in place."""
+    strategy: Any = accelerator.strategy
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for module in sharded:  # (each unshards its own parameters only)
+        module.unshard()
+    sent = strategy.model_state(model)
+    in_use = dict(model.named_parameters())
+    path.write_text(json.dumps({"sent": {k: type(v).__name__ for k, v in sent.items()},
+                                "in_use": {k: type(v).__name__ for k, v in in_use.items()}}))
+    for module in sharded:
+        module.reshard()
+
+
+def _whole(value: Any) -> Any:
+    """``value`` with each sharded tensor (DTensor) gathered whole."""
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+def _save_clear_and_load(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, folder: Path) -> None:
+    """``save_state``, then the weights and the optimizer's state zeroed, then ``load_state``: what the run saves
+    from here on is what the checkpoint gave back."""
+    accelerator.save_state(folder)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *(v for s in optimizer.state.values() for v in s.values()
+                                                if torch.is_tensor(v))]:
+            tensor.zero_()
+    accelerator.load_state(folder)
 
 
 if __name__ == "__main__":

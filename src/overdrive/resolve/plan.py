@@ -55,7 +55,7 @@ class FaultTolerantSettings:
     """Data parallel across replica groups through torchft (``--ft_lighthouse``): this process's group, the
     number of groups the data is sharded over, the lighthouse, the store of this group (None: the strategy
     starts one: a group of one process not started by torchrun), the time a quorum or a transfer may take,
-    and DDP's own options inside the group."""
+    and the data parallel inside the group: DDP's options, or FSDP2's plugin."""
 
     lighthouse: str
     replica_group: int = 0
@@ -63,6 +63,8 @@ class FaultTolerantSettings:
     store: tuple[str, int] | None = None
     timeout_s: float = 60.0
     options: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
+    #: FSDP2's settings when each group shards the model over its processes (``ft_fsdp2``); None: DDP inside
+    fsdp: FullyShardedDataParallelPlugin | None = None
 
 
 #: the settings of a strategy that can wrap a pipeline stage

@@ -102,7 +102,7 @@ def resolve_training(process: ProcessPlan, *, mixed_precision: str | None, gradi
         raise ValueError("invalid Accelerator settings:\n  - " + "\n  - ".join(errors))
     assert precision is not None
     strategy, settings = ("deepspeed", deepspeed) if deepspeed is not None else (
-        ("ft_ddp", fault_tolerant) if fault_tolerant is not None
+        ("ft_ddp" if fault_tolerant.fsdp is None else "ft_fsdp2", fault_tolerant) if fault_tolerant is not None
         else (parallel.strategy, strategy_settings(parallel, handlers.get("ddp"))))
     return TrainingPlan(
         strategy=strategy,
@@ -161,7 +161,8 @@ def _resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, par
     from overdrive.resolve.fault_tolerance import resolve_fault_tolerance
 
     strategy = "deepspeed" if deepspeed else parallel.strategy if parallel.pipeline is None else "pipeline"
-    return resolve_fault_tolerance(launched, process, strategy, handlers.get("ddp"), errors)
+    return resolve_fault_tolerance(launched, process, strategy, handlers.get("ddp"), errors, fsdp=parallel.fsdp,
+                                   dims=parallel.dims)
 
 
 def _check_megatron(plugin: Any, process: ProcessPlan, errors: list[str]) -> None:

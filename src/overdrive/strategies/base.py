@@ -233,6 +233,7 @@ _REGISTRY: dict[str, str | type[StrategyBase]] = {
     "deepspeed": "overdrive.strategies.deepspeed:DeepSpeedStrategy",
     "pipeline": "overdrive.strategies.pipeline:PipelineStrategy",
     "ft_ddp": "overdrive.strategies.fault_tolerant:FaultTolerantStrategy",
+    "ft_fsdp2": "overdrive.strategies.fault_tolerant_fsdp2:FaultTolerantFSDP2Strategy",
 }
 
 

@@ -11,14 +11,15 @@ transport (nothing is read from disk), and from that step on all groups train to
 torchft's own pieces do the work: its ``Manager``, its reconfigurable process group, its
 ``DistributedDataParallel`` and its ``OptimizerWrapper``. overdrive chooses when a quorum is asked for (at
 the first training forward of a step, or as the first data loader starts, so a group that heals before its
-first batch continues at the live groups' data position), shards the data over all groups, and reports.
+first batch continues at the live groups' data position), shards the data over all groups, and reports
+(``ft_reports.py``). :class:`FaultTolerance` holds all of that for any data parallel inside a group: DDP here
+(``ft_ddp``), FSDP2 in ``fault_tolerant_fsdp2.py`` (``ft_fsdp2``).
 """
 
 from __future__ import annotations
 
 import atexit
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -27,15 +28,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torchft.ddp import DistributedDataParallel as TorchftDDP
 from torchft.manager import Manager
 from torchft.optim import OptimizerWrapper
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
-from overdrive.resolve import FaultTolerantSettings
+from overdrive.resolve import DDPSettings, FaultTolerantSettings
 from overdrive.runtime.group import rank, world_size
-from overdrive.strategies.base import StrategyContext
+from overdrive.strategies.base import StrategyBase, StrategyContext
 from overdrive.strategies.ddp import DDPStrategy
+from overdrive.strategies.ft_reports import QuorumReports, ReportingClient
 from overdrive.strategies.single import SingleDeviceStrategy
 from overdrive.training.prepared import PreparedObjects
 
@@ -44,14 +47,17 @@ class LighthouseLost(RuntimeError):
     """No quorum could be formed: the lighthouse cannot be reached (or answered nothing in time)."""
 
 
-class FaultTolerantStrategy(DDPStrategy):
-    """DDP inside a replica group, torchft's fault-tolerant average across groups (see the module docstring)."""
+class FaultTolerance(StrategyBase):
+    """torchft's replica groups around the data parallel inside a group: the manager, the step's quorum, the
+    commit, the data split over every group, and the state a healing group receives (see the module
+    docstring). A strategy mixes it in before the strategy it runs inside each group (``ft_ddp``: DDP,
+    ``ft_fsdp2``: FSDP2), whose settings it hands over as :meth:`group_settings`; its ``wrap_model`` calls
+    :meth:`watch_steps` on the model it trains."""
 
-    name = "ft_ddp"
     settings_type = FaultTolerantSettings
 
     def __init__(self, context: StrategyContext, settings: FaultTolerantSettings) -> None:
-        super().__init__(context, settings)  # pyright: ignore[reportArgumentType]  (DDP reads only .options)
+        super().__init__(context, self.group_settings(settings))
         self.ft = settings
         self.prepared: PreparedObjects | None = None
         #: a quorum was taken for the step in progress (closed when the optimizer steps)
@@ -64,6 +70,11 @@ class FaultTolerantStrategy(DDPStrategy):
         self.quorum_started = 0.0
         self.reports = QuorumReports(settings, rank() == 0)
         self.manager = self._start_manager()
+
+    @staticmethod
+    def group_settings(settings: FaultTolerantSettings) -> Any:
+        """The settings of the strategy that runs inside the group."""
+        raise NotImplementedError
 
     # -- torchft's manager ---------------------------------------------------------------------------
     def _start_manager(self) -> Manager:
@@ -83,7 +94,7 @@ class FaultTolerantStrategy(DDPStrategy):
         except Exception as exc:
             raise LighthouseLost(self._lost_message(exc)) from exc
         # the quorum's members are read from torchft's client, which the manager keeps no record of
-        manager._client = _ReportingClient(manager._client, self.reports.on_quorum)  # pyright: ignore[reportAttributeAccessIssue]
+        manager._client = ReportingClient(manager._client, self.reports.on_quorum)  # pyright: ignore[reportAttributeAccessIssue]
         atexit.register(manager.shutdown, wait=False)
         return manager
 
@@ -160,21 +171,11 @@ class FaultTolerantStrategy(DDPStrategy):
         if not self.reports.quorums:
             self.start_quorum(from_forward=False)
 
-    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
-                   hooks: list[Any]) -> nn.Module:
-        """The one-process model path, then torchft's ``DistributedDataParallel`` around the model (inside a
-        group of several processes, their average first), and the hook that takes the step's quorum before
-        its first training forward."""
-        model = SingleDeviceStrategy.wrap_model(self, model, device_placement, evaluation_mode, hooks=hooks)
-        if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
-            return model
-        options = {k: v for k, v in self.options.ddp_kwargs().items() if k != "find_unused_parameters"}
-        if world_size() > 1:
-            _broadcast_from_first(model)  # torchft's DDP makes no broadcast of its own inside a group
-        wrapped = ManagedDistributedDataParallel(self.manager, model, **options)
-        wrapped.register_forward_pre_hook(self._before_forward)
-        wrapped.register_forward_hook(self._after_forward)
-        return wrapped
+    def watch_steps(self, model: nn.Module) -> None:
+        """Take each step's quorum before ``model``'s first training forward of the step, and wait for it when
+        that forward ends."""
+        model.register_forward_pre_hook(self._before_forward)
+        model.register_forward_hook(self._after_forward)
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if not self.open and module.training and torch.is_grad_enabled():
@@ -184,23 +185,24 @@ class FaultTolerantStrategy(DDPStrategy):
         if self.open and module.training and torch.is_grad_enabled():
             self.wait_quorum()
 
-    def unwrap_model(self, model: nn.Module) -> nn.Module:
-        """The module inside the data-parallel wrapper."""
-        return model.module if isinstance(model, TorchftDDP) else model
-
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> torch.optim.Optimizer:
         """torchft's optimizer wrapper: the optimizer steps only when every process of the group may commit."""
         if any(isinstance(opt.optimizer, CommittingOptimizer) for opt in (self.prepared.optimizers if self.prepared
                                                                           else [])):
             raise ValueError("fault-tolerant training (--ft_lighthouse) takes one optimizer: each step commits "
                              "once; combine the parameter groups into one optimizer")
-        return CommittingOptimizer(self.manager, optimizer, self.step_ended)
+        return CommittingOptimizer(self.manager, super().prepare_optimizer(optimizer, models), self.step_ended)
 
     # -- what a healing group receives --------------------------------------------------------------
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
+        """What a healing group receives of a prepared ``model``: its state dict (read on torchft's quorum
+        thread, while this process may be inside the step's forward)."""
+        return self.unwrap_model(model).state_dict()
+
     def _state(self) -> dict[str, Any]:
         prepared = self.prepared
         assert prepared is not None
-        state = {"models": [self.unwrap_model(m).state_dict() for m in prepared.models],
+        state = {"models": [self.model_state(m) for m in prepared.models],
                  "optimizers": [opt.state_dict() for opt in prepared.optimizers],
                  "schedulers": [s.state_dict() for s in prepared.schedulers],
                  "loaders": [self._loader_position(loader) for loader in prepared.dataloaders]}
@@ -232,6 +234,36 @@ class FaultTolerantStrategy(DDPStrategy):
                 if position is not None:
                     loader.load_state_dict(position)
         self.reports.received_bytes = _nbytes(state)
+
+
+class FaultTolerantStrategy(FaultTolerance, DDPStrategy):
+    """DDP inside a replica group, torchft's fault-tolerant average across groups (see the module docstring)."""
+
+    name = "ft_ddp"
+
+    @staticmethod
+    def group_settings(settings: FaultTolerantSettings) -> DDPSettings:
+        """DDP's options inside the group."""
+        return DDPSettings(options=settings.options)
+
+    def wrap_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False, *,
+                   hooks: list[Any]) -> nn.Module:
+        """The one-process model path, then torchft's ``DistributedDataParallel`` around the model (inside a
+        group of several processes, their average first), and the hook that takes the step's quorum before
+        its first training forward."""
+        model = SingleDeviceStrategy.wrap_model(self, model, device_placement, evaluation_mode, hooks=hooks)
+        if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
+            return model
+        options = {k: v for k, v in self.options.ddp_kwargs().items() if k != "find_unused_parameters"}
+        if world_size() > 1:
+            _broadcast_from_first(model)  # torchft's DDP makes no broadcast of its own inside a group
+        wrapped = ManagedDistributedDataParallel(self.manager, model, **options)
+        self.watch_steps(wrapped)
+        return wrapped
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The module inside the data-parallel wrapper."""
+        return model.module if isinstance(model, TorchftDDP) else model
 
 
 class CommittingOptimizer(OptimizerWrapper):
@@ -302,6 +334,8 @@ def _broadcast_from_first(model: nn.Module) -> None:
 
 def _nbytes(value: Any) -> int:
     """The bytes of the tensors in a nested state."""
+    if isinstance(value, DTensor):  # this process's shard
+        value = value.to_local()
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, Mapping):
@@ -309,89 +343,3 @@ def _nbytes(value: Any) -> int:
     if isinstance(value, (list, tuple)):
         return sum(_nbytes(v) for v in value)
     return 0
-
-
-def _size(num_bytes: int) -> str:
-    """A byte count for people: ``812 B``, ``12.4 kB``, ``3.10 MB``, ``1.25 GB``."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if num_bytes >= scale:
-            return f"{num_bytes / scale:.3g} {unit}"
-    return f"{num_bytes} B"
-
-
-class _ReportingClient:
-    """torchft's manager client, passed through; each quorum's answer is handed to ``on_quorum`` as well."""
-
-    def __init__(self, client: Any, on_quorum: Callable[[Any], None]) -> None:
-        self._client, self._on_quorum = client, on_quorum
-
-    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._client._quorum(*args, **kwargs)
-        self._on_quorum(result)
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
-def _member(replica_id: str) -> tuple[str, str]:
-    """``(group, machine)`` of a quorum member's id (``HOST_GROUP:UUID``)."""
-    name = replica_id.split(":")[0]
-    host, _, group = name.rpartition("_")
-    return group, host
-
-
-class QuorumReports:
-    """The lines a replica group prints (its first process only) as groups leave, join and heal."""
-
-    def __init__(self, settings: FaultTolerantSettings, speaks: bool) -> None:
-        self.settings, self.speaks = settings, speaks
-        #: the quorums seen so far
-        self.quorums = 0
-        self.members: list[str] = []
-        self.heal_source: str | None = None
-        self.received_bytes: int | None = None
-
-    def _say(self, text: str) -> None:
-        if self.speaks:
-            print(f"overdrive: {text}", file=sys.stderr, flush=True)
-
-    def on_quorum(self, result: Any) -> None:
-        """A quorum was answered (torchft's quorum thread)."""
-        members = list(result.replica_ids)
-        size = len(members)
-        if self.quorums == 0:
-            self._say(f"fault-tolerant training through {self.settings.lighthouse}: replica group "
-                      f"{self.settings.replica_group} of {self.settings.num_replica_groups}, {size} group(s) in "
-                      f"the first quorum (step {result.max_step})")
-        for gone in (m for m in self.members if m not in members):
-            group, host = _member(gone)
-            self._say(f"replica group {group} (machine {host}) was lost; the quorum is now {size} group(s) at "
-                      f"step {result.max_step}, training goes on")
-        if self.quorums:
-            for new in (m for m in members if m not in self.members):
-                group, host = _member(new)
-                self._say(f"replica group {group} (machine {host}) joined; the quorum is now {size} group(s) at "
-                          f"step {result.max_step}")
-        if result.heal and result.recover_src_replica_rank is not None:
-            self.heal_source = members[result.recover_src_replica_rank] if result.recover_src_replica_rank < size \
-                else str(result.recover_src_replica_rank)
-        for dst in result.recover_dst_replica_ranks:
-            group, host = _member(members[dst]) if dst < size else (str(dst), "?")
-            self._say(f"sending the training state to replica group {group} (machine {host}), which heals at "
-                      f"step {result.max_step}")
-        self.members, self.quorums = members, self.quorums + 1
-
-    def after_quorum(self, seconds: float) -> None:
-        """The quorum (and a heal) is done, in ``seconds``."""
-        if self.received_bytes is not None and self.heal_source is not None:
-            group, host = _member(self.heal_source)
-            self._say(f"healed from replica group {group} (machine {host}) in {seconds:.2f} s: "
-                      f"{_size(self.received_bytes)} of weights, optimizer and scheduler states received "
-                      "(no checkpoint read)")
-        self.received_bytes = self.heal_source = None
-
-    def dropped(self, step: int) -> None:
-        """A step was not committed (a group was lost during it): its batch is dropped."""
-        self._say(f"step {step} was not committed (a replica group was lost during it): its batch is dropped, "
-                  "the optimizer and the scheduler did not step")

@@ -1,0 +1,96 @@
+"""What fault-tolerant training prints (``--ft_lighthouse``): each replica group's first process says when a group
+is lost, joins, is sent the training state or heals, with the quorum's size, the time and the bytes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from overdrive.resolve import FaultTolerantSettings
+
+
+def _size(num_bytes: int) -> str:
+    """A byte count for people: ``812 B``, ``12.4 kB``, ``3.10 MB``, ``1.25 GB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.3g} {unit}"
+    return f"{num_bytes} B"
+
+
+class ReportingClient:
+    """torchft's manager client, passed through; each quorum's answer is handed to ``on_quorum`` as well."""
+
+    def __init__(self, client: Any, on_quorum: Callable[[Any], None]) -> None:
+        self._client, self._on_quorum = client, on_quorum
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._client._quorum(*args, **kwargs)
+        self._on_quorum(result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def _member(replica_id: str) -> tuple[str, str]:
+    """``(group, machine)`` of a quorum member's id (``HOST_GROUP:UUID``)."""
+    name = replica_id.split(":")[0]
+    host, _, group = name.rpartition("_")
+    return group, host
+
+
+class QuorumReports:
+    """The lines a replica group prints (its first process only) as groups leave, join and heal."""
+
+    def __init__(self, settings: FaultTolerantSettings, speaks: bool) -> None:
+        self.settings, self.speaks = settings, speaks
+        #: the quorums seen so far
+        self.quorums = 0
+        self.members: list[str] = []
+        self.heal_source: str | None = None
+        self.received_bytes: int | None = None
+
+    def _say(self, text: str) -> None:
+        if self.speaks:
+            print(f"overdrive: {text}", file=sys.stderr, flush=True)
+
+    def on_quorum(self, result: Any) -> None:
+        """A quorum was answered (torchft's quorum thread)."""
+        members = list(result.replica_ids)
+        size = len(members)
+        if self.quorums == 0:
+            self._say(f"fault-tolerant training through {self.settings.lighthouse}: replica group "
+                      f"{self.settings.replica_group} of {self.settings.num_replica_groups}, {size} group(s) in "
+                      f"the first quorum (step {result.max_step})")
+        for gone in (m for m in self.members if m not in members):
+            group, host = _member(gone)
+            self._say(f"replica group {group} (machine {host}) was lost; the quorum is now {size} group(s) at "
+                      f"step {result.max_step}, training goes on")
+        if self.quorums:
+            for new in (m for m in members if m not in self.members):
+                group, host = _member(new)
+                self._say(f"replica group {group} (machine {host}) joined; the quorum is now {size} group(s) at "
+                          f"step {result.max_step}")
+        if result.heal and result.recover_src_replica_rank is not None:
+            self.heal_source = members[result.recover_src_replica_rank] if result.recover_src_replica_rank < size \
+                else str(result.recover_src_replica_rank)
+        for dst in result.recover_dst_replica_ranks:
+            group, host = _member(members[dst]) if dst < size else (str(dst), "?")
+            self._say(f"sending the training state to replica group {group} (machine {host}), which heals at "
+                      f"step {result.max_step}")
+        self.members, self.quorums = members, self.quorums + 1
+
+    def after_quorum(self, seconds: float) -> None:
+        """The quorum (and a heal) is done, in ``seconds``."""
+        if self.received_bytes is not None and self.heal_source is not None:
+            group, host = _member(self.heal_source)
+            self._say(f"healed from replica group {group} (machine {host}) in {seconds:.2f} s: "
+                      f"{_size(self.received_bytes)} of weights, optimizer and scheduler states received "
+                      "(no checkpoint read)")
+        self.received_bytes = self.heal_source = None
+
+    def dropped(self, step: int) -> None:
+        """A step was not committed (a group was lost during it): its batch is dropped."""
+        self._say(f"step {step} was not committed (a replica group was lost during it): its batch is dropped, "
+                  "the optimizer and the scheduler did not step")
