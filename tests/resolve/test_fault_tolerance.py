@@ -9,8 +9,11 @@ import socket
 import pytest
 
 from overdrive.config import DistributedDataParallelKwargs
-from overdrive.resolve.fault_tolerance import DEFAULT_TIMEOUT_S, resolve_fault_tolerance
-from overdrive.resolve.plan import FaultTolerantSettings
+from overdrive.resolve.fault_tolerance import (
+    DEFAULT_TIMEOUT_S,
+    FaultTolerantSettings,
+    resolve_fault_tolerance,
+)
 from tests.resolve.conftest import cpu_process
 
 needs_torchft = pytest.mark.skipif(importlib.util.find_spec("torchft") is None, reason="needs torchft")

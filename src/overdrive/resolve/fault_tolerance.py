@@ -7,15 +7,30 @@ from __future__ import annotations
 import copy
 import importlib.util
 import socket
+from dataclasses import dataclass, field
 from typing import Any
 
 from overdrive.config import DistributedDataParallelKwargs
 from overdrive.launchers.setting_kinds import LighthouseAddress
-from overdrive.resolve.plan import FaultTolerantSettings
 from overdrive.resolve.process import ProcessPlan
 
 #: how long a quorum, a commit or a transfer between groups may take without --timeout
 DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class FaultTolerantSettings:
+    """Data parallel across replica groups through torchft (``--ft_lighthouse``): this process's group, the
+    number of groups the data is sharded over, the lighthouse, the store of this group (None: the strategy
+    starts one: a group of one process not started by torchrun), the time a quorum or a transfer may take,
+    and DDP's own options inside the group."""
+
+    lighthouse: str
+    replica_group: int = 0
+    num_replica_groups: int = 1
+    store: tuple[str, int] | None = None
+    timeout_s: float = 60.0
+    options: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
 
 
 def resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, strategy: str,
