@@ -49,6 +49,9 @@ NOT_AFTER_FIRST_STEP = (
     "overdrive.data.dispatch",  # a map-style dataset is sharded, not dispatched
     "overdrive.strategies.deepspeed.config", "overdrive.strategies.deepspeed.settle", "overdrive.config.megatron",
     "overdrive.config.fp8",
+    # the settings of strategies and plugins not asked for: each costs its dataclasses' generated methods
+    "overdrive.config.fsdp", "overdrive.config.parallelism", "overdrive.config.pipeline",
+    "overdrive.resolve.sharded_settings", "overdrive.resolve.fault_tolerance", "packaging.version",
     "overdrive.compat.table", "overdrive.checkpoint", "overdrive.tracking", "overdrive.precision.fp8",
 )
 

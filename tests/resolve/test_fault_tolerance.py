@@ -9,8 +9,11 @@ import socket
 import pytest
 
 from overdrive.config import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
-from overdrive.resolve.fault_tolerance import DEFAULT_TIMEOUT_S, resolve_fault_tolerance
-from overdrive.resolve.plan import FaultTolerantSettings
+from overdrive.resolve.fault_tolerance import (
+    DEFAULT_TIMEOUT_S,
+    FaultTolerantSettings,
+    resolve_fault_tolerance,
+)
 from overdrive.runtime.mesh import ParallelDims
 from tests.resolve.conftest import cpu_process
 

@@ -17,7 +17,8 @@ from overdrive.resolve.parallelism import (
     resolve_parallelism,
     strategy_settings,
 )
-from overdrive.resolve.plan import DDPSettings, FSDP2Settings, PipelineStrategySettings, SingleSettings
+from overdrive.resolve.plan import DDPSettings, SingleSettings
+from overdrive.resolve.sharded_settings import FSDP2Settings, PipelineStrategySettings
 from overdrive.runtime.mesh import ParallelDims
 from tests.resolve.conftest import cpu_process
 

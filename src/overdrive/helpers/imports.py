@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from packaging.version import Version
 
 from overdrive.helpers.environment import parse_flag_from_env
 
@@ -30,6 +29,8 @@ def is_package_available(module: str) -> bool:
 
 
 def _version_at_least(distribution: str, minimum: str) -> bool:
+    # lazy: packaging.version compiles a large regular expression at import; only a version check needs it
+    from packaging.version import Version
 
     try:
         return Version(metadata.version(distribution)) >= Version(minimum)

@@ -28,9 +28,9 @@ _EXPORTS = {
     "resolve_process": "overdrive.resolve.process",
     "SingleSettings": "overdrive.resolve.plan",
     "DDPSettings": "overdrive.resolve.plan",
-    "FaultTolerantSettings": "overdrive.resolve.plan",
-    "FSDP2Settings": "overdrive.resolve.plan",
-    "PipelineStrategySettings": "overdrive.resolve.plan",
+    "FaultTolerantSettings": "overdrive.resolve.fault_tolerance",
+    "FSDP2Settings": "overdrive.resolve.sharded_settings",
+    "PipelineStrategySettings": "overdrive.resolve.sharded_settings",
     "TrainingPlan": "overdrive.resolve.plan",
     "resolve_parallelism": "overdrive.resolve.parallelism",
     "resolve_training": "overdrive.resolve.training",
@@ -41,15 +41,10 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from overdrive.launchers.protocol import LAUNCH_CONFIG_VAR, launch_config
+    from overdrive.resolve.fault_tolerance import FaultTolerantSettings
     from overdrive.resolve.handlers import split_kwargs_handlers
     from overdrive.resolve.parallelism import resolve_parallelism
-    from overdrive.resolve.plan import (
-        DDPSettings,
-        FaultTolerantSettings,
-        FSDP2Settings,
-        PipelineStrategySettings,
-        SingleSettings,
-        TrainingPlan,
-    )
+    from overdrive.resolve.plan import DDPSettings, SingleSettings, TrainingPlan
     from overdrive.resolve.process import ProcessPlan, resolve_process
+    from overdrive.resolve.sharded_settings import FSDP2Settings, PipelineStrategySettings
     from overdrive.resolve.training import resolve_training

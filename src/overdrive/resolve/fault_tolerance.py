@@ -8,16 +8,33 @@ from __future__ import annotations
 import copy
 import importlib.util
 import socket
+from dataclasses import dataclass, field
 from typing import Any
 
 from overdrive.config import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
 from overdrive.launchers.setting_kinds import LighthouseAddress
-from overdrive.resolve.plan import FaultTolerantSettings
 from overdrive.resolve.process import ProcessPlan
 from overdrive.runtime.mesh import ParallelDims
 
 #: how long a quorum, a commit or a transfer between groups may take without --timeout
 DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class FaultTolerantSettings:
+    """Data parallel across replica groups through torchft (``--ft_lighthouse``): this process's group, the
+    number of groups the data is sharded over, the lighthouse, the store of this group (None: the strategy
+    starts one: a group of one process not started by torchrun), the time a quorum or a transfer may take,
+    and the data parallel inside the group: DDP's options, or FSDP2's plugin."""
+
+    lighthouse: str
+    replica_group: int = 0
+    num_replica_groups: int = 1
+    store: tuple[str, int] | None = None
+    timeout_s: float = 60.0
+    options: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
+    #: FSDP2's settings when each group shards the model over its processes (``ft_fsdp2``); None: DDP inside
+    fsdp: FullyShardedDataParallelPlugin | None = None
 
 
 def resolve_fault_tolerance(launched: dict[str, Any], process: ProcessPlan, strategy: str,

@@ -9,29 +9,23 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from overdrive.config import (
-    DistributedDataParallelKwargs,
-    FullyShardedDataParallelPlugin,
-    ParallelismConfig,
-    PipelineConfig,
-    field_names,
-)
-from overdrive.resolve.plan import (
-    DDPSettings,
-    FSDP2Settings,
-    PipelineStrategySettings,
-    SingleSettings,
-    StageSettings,
-)
+from overdrive.config import DistributedDataParallelKwargs, field_names
+from overdrive.resolve.plan import DDPSettings, SingleSettings
 from overdrive.resolve.process import ProcessPlan
 from overdrive.runtime.mesh import ParallelDims, check_sizes, fill_sizes
 
 if TYPE_CHECKING:
-    from overdrive.config import TorchTensorParallelPlugin
+    from overdrive.config import (
+        FullyShardedDataParallelPlugin,
+        ParallelismConfig,
+        PipelineConfig,
+        TorchTensorParallelPlugin,
+    )
     from overdrive.resolve.plan import StrategySettings
+    from overdrive.resolve.sharded_settings import StageSettings
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Parallelism:
     """What the parallelism step decided: the strategy, the mesh sizes, the plugins behind them, the pipeline
     settings (with pp > 1) and the strategy that wraps each pipeline stage."""
@@ -116,6 +110,9 @@ def _unsupported_backends(config: ParallelismConfig) -> list[str]:
 def _pipeline_config(parallelism_config: ParallelismConfig | None, fsdp_plugin: FullyShardedDataParallelPlugin | None,
                      pp_size: int, errors: list[str]) -> PipelineConfig:
     """The pipeline settings of ``pp_size > 1``; their problems are appended to ``errors``."""
+    # lazy: measured import time (bench/startup_instructions.py): the parallelism dataclasses load only when asked for
+    from overdrive.config import PipelineConfig
+
     given = parallelism_config.pp_handler if parallelism_config is not None else None
     try:
         config = PipelineConfig(**given) if isinstance(given, dict) else given or PipelineConfig()
@@ -135,22 +132,25 @@ def launched_parallelism(launched: dict[str, Any], fsdp_plugin: FullyShardedData
     """The FSDP plugin and parallelism sizes a launch config (Accelerate's YAML keys) asks for, unless the
     script gave its own."""
     if fsdp_plugin is None and str(launched.get("distributed_type", "")).upper() == "FSDP":
+        # lazy: measured import time (bench/startup_instructions.py): FSDP's plugin loads when FSDP is asked for
+        from overdrive.config import FullyShardedDataParallelPlugin
+
         fsdp_plugin = FullyShardedDataParallelPlugin.from_config_dict(launched.get("fsdp_config") or {})
     sizes = launched.get("parallelism_config") or {}
     if parallelism_config is None and sizes:
+        # lazy: measured import time (bench/startup_instructions.py): the parallelism dataclasses load only when asked for
+        from overdrive.config import ParallelismConfig
+
         parallelism_config = ParallelismConfig(**{k.removeprefix("parallelism_config_"): v for k, v in sizes.items()})
     return fsdp_plugin, parallelism_config
 
 
 def strategy_settings(parallel: Parallelism, ddp: DistributedDataParallelKwargs | None) -> StrategySettings:
     """The chosen strategy's own settings (the pipeline's with its stage strategy's inside)."""
-    ddp_settings = DDPSettings(options=copy.copy(ddp) if ddp is not None else DistributedDataParallelKwargs())
-    fsdp = copy.copy(parallel.fsdp) if parallel.fsdp is not None else FullyShardedDataParallelPlugin()
-    by_name: dict[str, StageSettings] = {"single": SingleSettings(), "ddp": ddp_settings,
-                                         "fsdp2": FSDP2Settings(fsdp=fsdp)}
     if parallel.pipeline is None:
-        return by_name[parallel.strategy]
-    # lazy: the schedule module (its dataclasses) loads for a pipeline only, not at every start
+        return _stage_settings(parallel.strategy, parallel, ddp)
+    # lazy: the schedule module and the pipeline's settings (their dataclasses) load for a pipeline only
+    from overdrive.resolve.sharded_settings import PipelineStrategySettings
     from overdrive.transforms.pipeline.schedule import (
         default_stages_per_rank,
         schedule_name,
@@ -162,13 +162,30 @@ def strategy_settings(parallel: Parallelism, ddp: DistributedDataParallelKwargs 
     name = schedule_name(config.schedule) or config.schedule
     per_rank = config.stages_per_rank or default_stages_per_rank(name)
     stage_name = parallel.stage_strategy or "single"
-    # the stage strategy must not broadcast the stage itself: the pipeline does it, tied weights included
-    stage_settings = (FSDP2Settings(fsdp=dataclasses.replace(fsdp, sync_module_states=False)) if stage_name == "fsdp2"
-                      else by_name[stage_name])
     num_stages = pp * per_rank
     return PipelineStrategySettings(
         schedule=name, num_microbatches=config.num_microbatches or pp * per_rank, stages_per_rank=per_rank,
-        stage_strategy=stage_name, stage_settings=stage_settings,
+        stage_strategy=stage_name, stage_settings=_stage_settings(stage_name, parallel, ddp, pipeline_stage=True),
         split_points=tuple(config.split_points) if config.split_points else None, balance=config.balance,
-        loss_fn=config.loss_fn, sync_module_states=fsdp.sync_module_states if parallel.fsdp is not None else True,
+        loss_fn=config.loss_fn,
+        sync_module_states=parallel.fsdp.sync_module_states if parallel.fsdp is not None else True,
         output_pp_rank=stage_to_rank(pp, num_stages, stage_style(name))[num_stages - 1])
+
+
+def _stage_settings(name: str, parallel: Parallelism, ddp: DistributedDataParallelKwargs | None,
+                    pipeline_stage: bool = False) -> StageSettings:
+    """The settings of ``name`` (``single``, ``ddp`` or ``fsdp2``), alone or wrapping a pipeline stage."""
+    if name == "single":
+        return SingleSettings()
+    if name == "ddp":
+        return DDPSettings(options=copy.copy(ddp) if ddp is not None else DistributedDataParallelKwargs())
+    if name != "fsdp2":
+        raise KeyError(name)
+    # lazy: measured import time (bench/startup_instructions.py): FSDP2's settings load when it is chosen
+    from overdrive.config import FullyShardedDataParallelPlugin
+    from overdrive.resolve.sharded_settings import FSDP2Settings
+
+    fsdp = copy.copy(parallel.fsdp) if parallel.fsdp is not None else FullyShardedDataParallelPlugin()
+    if pipeline_stage:  # the stage strategy must not broadcast the stage itself: the pipeline does it, tied weights included
+        fsdp = dataclasses.replace(fsdp, sync_module_states=False)
+    return FSDP2Settings(fsdp=fsdp)

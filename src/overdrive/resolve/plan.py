@@ -1,4 +1,6 @@
-"""The frozen plans the resolver produces: ``TrainingPlan`` and each strategy's own typed settings.
+"""The frozen plans the resolver produces: ``TrainingPlan`` and the settings of the strategies every start may
+choose (one process, DDP); FSDP2's and the pipeline's are in ``sharded_settings``, fault tolerance's in
+``fault_tolerance``, DeepSpeed's in its strategy: each loads when chosen.
 
 Plain values: a plan is built once by ``resolve_training`` and only read afterwards; what changes while
 training (the checkpoint iteration, ``even_batches``, the selected DeepSpeed plugin) lives in the
@@ -7,7 +9,6 @@ Accelerator's runtime state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,6 @@ from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
-    FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     ProfileKwargs,
@@ -26,7 +26,14 @@ from overdrive.runtime.mesh import ParallelDims
 from overdrive.transforms.settings import ModelTransforms
 
 if TYPE_CHECKING:
-    from overdrive.config import AORecipeKwargs, InitProcessGroupKwargs, TERecipeKwargs
+    from overdrive.config import (
+        AORecipeKwargs,
+        FullyShardedDataParallelPlugin,
+        InitProcessGroupKwargs,
+        TERecipeKwargs,
+    )
+    from overdrive.resolve.fault_tolerance import FaultTolerantSettings
+    from overdrive.resolve.sharded_settings import FSDP2Settings, PipelineStrategySettings
     from overdrive.strategies.deepspeed import DeepSpeedSettings
 
 
@@ -43,60 +50,13 @@ class DDPSettings:
     options: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
 
 
-@dataclass(frozen=True, slots=True)
-class FSDP2Settings:
-    """Sharding (``fully_shard``) settings; precision, compile and checkpointing are the model path's."""
-
-    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
-
-
-@dataclass(frozen=True, slots=True)
-class FaultTolerantSettings:
-    """Data parallel across replica groups through torchft (``--ft_lighthouse``): this process's group, the
-    number of groups the data is sharded over, the lighthouse, the store of this group (None: the strategy
-    starts one: a group of one process not started by torchrun), the time a quorum or a transfer may take,
-    and the data parallel inside the group: DDP's options, or FSDP2's plugin."""
-
-    lighthouse: str
-    replica_group: int = 0
-    num_replica_groups: int = 1
-    store: tuple[str, int] | None = None
-    timeout_s: float = 60.0
-    options: DistributedDataParallelKwargs = field(default_factory=DistributedDataParallelKwargs)
-    #: FSDP2's settings when each group shards the model over its processes (``ft_fsdp2``); None: DDP inside
-    fsdp: FullyShardedDataParallelPlugin | None = None
-
-
-#: the settings of a strategy that can wrap a pipeline stage
-StageSettings = SingleSettings | DDPSettings | FSDP2Settings
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineStrategySettings:
-    """A resolved pipeline: its schedule, and the strategy (with its settings) that wraps each stage.
-    ``sync_module_states``: make each stage equal over the processes holding it, from the first of them;
-    ``output_pp_rank``: the pipeline rank holding the last stage, whose outputs count when results are
-    gathered."""
-
-    schedule: str
-    num_microbatches: int
-    stages_per_rank: int
-    stage_strategy: str
-    stage_settings: StageSettings
-    split_points: tuple[str, ...] | None = None
-    balance: str = "layers"
-    loss_fn: Callable[..., Any] | None = None
-    sync_module_states: bool = True
-    output_pp_rank: int = 0
-
-
-if TYPE_CHECKING:  # (DeepSpeed's settings are its strategy's, loaded only for a DeepSpeed run)
+if TYPE_CHECKING:  # (the other strategies' settings load with their resolver step, when one is chosen)
     #: the settings of any built-in strategy (``TrainingPlan.strategy_settings``)
     StrategySettings = (SingleSettings | DDPSettings | FSDP2Settings | PipelineStrategySettings | DeepSpeedSettings
                         | FaultTolerantSettings)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class TrainingPlan:
     """Everything an ``Accelerator`` does differently from plain PyTorch, decided once.
 
@@ -145,4 +105,10 @@ class TrainingPlan:
     def output_pp_rank(self) -> int:
         """The pipeline rank whose outputs count (the last one, or rank 0 for V-shaped schedules)."""
         settings = self.strategy_settings
-        return settings.output_pp_rank if isinstance(settings, PipelineStrategySettings) else self.dims.pp - 1
+        if self.strategy == "pipeline":
+            # lazy: measured import time (bench/startup_instructions.py): loaded when a pipeline is chosen
+            from overdrive.resolve.sharded_settings import PipelineStrategySettings
+
+            assert isinstance(settings, PipelineStrategySettings)
+            return settings.output_pp_rank
+        return self.dims.pp - 1

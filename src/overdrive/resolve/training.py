@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from overdrive.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
-    FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     ProjectConfiguration,
     RNGType,
     TorchDynamoPlugin,
-    TorchTensorParallelPlugin,
 )
 from overdrive.config.choices import invalid_choice
 from overdrive.helpers.imports import is_torchdata_stateful_dataloader_available
@@ -35,7 +33,7 @@ from overdrive.resolve.parallelism import (
     resolve_parallelism,
     strategy_settings,
 )
-from overdrive.resolve.plan import FaultTolerantSettings, TrainingPlan
+from overdrive.resolve.plan import TrainingPlan
 from overdrive.resolve.process import ProcessPlan
 from overdrive.transforms.settings import CompileSettings, ModelTransforms
 
@@ -43,9 +41,12 @@ if TYPE_CHECKING:
     from overdrive.config import (
         ActivationCheckpointingKwargs,
         AORecipeKwargs,
+        FullyShardedDataParallelPlugin,
         ParallelismConfig,
         TERecipeKwargs,
+        TorchTensorParallelPlugin,
     )
+    from overdrive.resolve.fault_tolerance import FaultTolerantSettings
     from overdrive.strategies.deepspeed import DeepSpeedSettings
 
 
@@ -301,12 +302,13 @@ def _model_transforms(parallel: Parallelism, checkpointing: ActivationCheckpoint
                       compile_settings: CompileSettings | None, precision: PrecisionPolicy,
                       fp8: Any = None) -> ModelTransforms:
     """The model path's settings: the same meaning under every strategy."""
-    fsdp = copy.copy(parallel.fsdp) if parallel.fsdp is not None else FullyShardedDataParallelPlugin()
-    tp = parallel.tp or TorchTensorParallelPlugin()
-    wanted = fsdp.activation_checkpointing or (checkpointing is not None and checkpointing.enabled)
+    fsdp = copy.copy(parallel.fsdp) if parallel.fsdp is not None else None
+    tp = parallel.tp
+    wanted = (fsdp is not None and fsdp.activation_checkpointing) or (checkpointing is not None and checkpointing.enabled)
     names = tuple(checkpointing.block_names or ()) if checkpointing is not None else ()
     return ModelTransforms(
-        tp_plan=dict(tp.tp_plan) if tp.tp_plan else None, sequence_parallel=tp.sequence_parallel,
+        tp_plan=dict(tp.tp_plan) if tp is not None and tp.tp_plan else None,
+        sequence_parallel=tp is not None and tp.sequence_parallel,
         activation_checkpointing=wanted, block_names=names, compile=compile_settings, fsdp=fsdp,
         precision=precision, fp8=fp8)
 

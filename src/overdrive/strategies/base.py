@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 Transform = Callable[[nn.Module], object]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class StrategyContext:
     """The runtime objects every strategy works with."""
 

@@ -131,7 +131,7 @@ def ignored_parameters(plugin: FullyShardedDataParallelPlugin, model: nn.Module)
 
 def fully_shard_settings(model: nn.Module, transforms: ModelTransforms, blocks: list[nn.Module]) -> FullyShardSettings:
     """The plan's FSDP plugin and precision translated for ``model`` (whose ``blocks`` the wrap policy may pick)."""
-    fsdp, precision = transforms.fsdp, transforms.precision
+    fsdp, precision = transforms.fsdp or FullyShardedDataParallelPlugin(), transforms.precision
     return FullyShardSettings(
         reshard_after_forward=fsdp.reshard, mp_policy=mixed_precision_policy(fsdp, precision),
         root_mp_policy=mixed_precision_policy(fsdp, precision, root=True), offload_policy=offload_policy(fsdp),

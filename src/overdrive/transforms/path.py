@@ -70,4 +70,5 @@ def model_blocks(model: nn.Module, transforms: ModelTransforms) -> list[nn.Modul
     # lazy: a run whose steps use no blocks never loads the block finder
     from overdrive.transforms.blocks import blocks_to_wrap
 
-    return blocks_to_wrap(model, list(transforms.block_names) or transforms.fsdp.transformer_cls_names_to_wrap)
+    wrap_names = transforms.fsdp.transformer_cls_names_to_wrap if transforms.fsdp is not None else None
+    return blocks_to_wrap(model, list(transforms.block_names) or wrap_names)

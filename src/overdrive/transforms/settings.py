@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from overdrive.config import FullyShardedDataParallelPlugin
 from overdrive.precision.policy import PrecisionPolicy
 
 if TYPE_CHECKING:
-    from overdrive.config import AORecipeKwargs, TERecipeKwargs
+    from overdrive.config import AORecipeKwargs, FullyShardedDataParallelPlugin, TERecipeKwargs
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +36,7 @@ class CompileSettings:
         return kwargs
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class ModelTransforms:
     """What to do to every prepared model, independent of the model and of the strategy. ``block_names``: class
     names of the blocks to checkpoint and compile (default: FSDP's wrap names, else the repeated blocks);
@@ -49,6 +48,7 @@ class ModelTransforms:
     activation_checkpointing: bool = False
     block_names: tuple[str, ...] = ()
     compile: CompileSettings | None = None
-    fsdp: FullyShardedDataParallelPlugin = field(default_factory=FullyShardedDataParallelPlugin)
+    #: the FSDP plugin given or launched (None: none, so its defaults: FSDP reads it, the others its wrap names)
+    fsdp: FullyShardedDataParallelPlugin | None = None
     precision: PrecisionPolicy = field(default_factory=PrecisionPolicy)
     fp8: AORecipeKwargs | TERecipeKwargs | None = None
