@@ -1,6 +1,6 @@
 """Accelerate's own test suite as overdrive's conformance suite.
 
-Fetches the ``accelerate==1.15.0`` sdist from the package registry (``pip download``, cached in
+Fetches the ``accelerate==1.16.0`` sdist from the package registry (``pip download``, cached in
 ``.cache/accelerate_suite``), and runs its ``tests/`` with pytest once under the real Accelerate and once
 under overdrive's alias (``overdrive.install_as_accelerate()``), in this environment. On both sides
 ``accelerate.test_utils`` is the sdist's own (so the scripts its tests launch, test_script.py, test_sync.py,
