@@ -22,6 +22,9 @@ def test_known_list_is_well_formed_and_lists_only_reference_tests():
     assert known, "the known list is empty: then --check alone is the whole story, and this test can go"
     assert not sorted(set(known) - reference)  # a listed test must pass under the real Accelerate
     assert all(reason.split(":")[0] in ("deliberate", "gap", "unstable") and len(reason) > 12 for reason in known.values())
+    # what --ci leaves to the whole-suite runs passes under the real Accelerate, in the files --ci runs
+    assert set(accelerate_suite.CI_LEFT_OUT) <= reference
+    assert {test.split("::")[0] for test in accelerate_suite.CI_LEFT_OUT} <= {f"tests/{f}" for f in accelerate_suite.CI_FILES}
 
 
 @pytest.mark.optional  # the sdist from the package registry, parameterized

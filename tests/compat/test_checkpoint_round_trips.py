@@ -20,6 +20,7 @@ import os
 import runpy
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -109,8 +110,7 @@ def _run(folder: Path, processes: int, framework: str, mode: str, strategy: str,
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_LOG_LEVEL": "error"}
     for key in [k for k in env if k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "ACCELERATE_"))]:
         env.pop(key)
-    script = folder.parent / "script.py"
-    script.write_text(textwrap.dedent(SCRIPT))
+    script = folder.parent / "script.py"  # written once by _both_ways: runs read it at the same time
     try:
         return run_distributed(_rank, processes, str(script), str(folder), framework, mode, strategy, env,
                                processes > 1 or launcher, timeout=300)
@@ -118,16 +118,26 @@ def _run(folder: Path, processes: int, framework: str, mode: str, strategy: str,
         raise AssertionError(f"{framework} {mode} ({strategy}, {processes} processes): {error}") from error
 
 
+def _at_once(*runs: tuple) -> list[list[dict]]:
+    """Independent ``_run`` argument tuples run at the same time (each its own process group): a run is mostly
+    each rank importing Accelerate or overdrive, seconds of one core; their results, in order."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda run: _run(*run), runs))
+
+
 def _both_ways(tmp_path: Path, processes: int, strategy: str, launcher: bool = False) -> set[str]:
-    """overdrive saves -> Accelerate and overdrive load; Accelerate saves -> overdrive loads. Returns the
-    names in overdrive's folder."""
+    """overdrive saves -> Accelerate and overdrive load; Accelerate saves -> overdrive loads (the two saves at
+    once, then the three loads). Returns the names in overdrive's folder."""
+    (tmp_path / "script.py").write_text(textwrap.dedent(SCRIPT))
     ours, theirs = tmp_path / "overdrive_ckpt", tmp_path / "accelerate_ckpt"
-    saved = _run(ours, processes, "overdrive", "save", strategy, launcher)
+    saved, saved_theirs = _at_once((ours, processes, "overdrive", "save", strategy, launcher),
+                                   (theirs, processes, "accelerate", "save", strategy, launcher))
     assert saved[0]["step"] > 0 and saved[0]["count"] == 3
-    assert _run(ours, processes, "accelerate", "load", strategy, launcher) == saved
-    assert _run(ours, processes, "overdrive", "load", strategy, launcher) == saved
-    saved = _run(theirs, processes, "accelerate", "save", strategy, launcher)
-    assert _run(theirs, processes, "overdrive", "load", strategy, launcher) == saved
+    loads = _at_once((ours, processes, "accelerate", "load", strategy, launcher),
+                     (ours, processes, "overdrive", "load", strategy, launcher),
+                     (theirs, processes, "overdrive", "load", strategy, launcher))
+    assert loads[0] == saved and loads[1] == saved
+    assert loads[2] == saved_theirs
     return set(os.listdir(ours))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engines import run_script
+from tests.support.engines import run_script_both
 
 pytestmark = [pytest.mark.requires("accelerate"), pytest.mark.multiprocess, pytest.mark.slow]
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "gather_uneven_run.py")
@@ -28,8 +28,7 @@ SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "gather_uneven_ru
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("processes", [2, 3])
 def test_gather_for_metrics_with_uneven_batches_is_accelerates(tmp_path, processes):
-    theirs = run_script(SCRIPT, tmp_path, processes, overdrive=False)
-    ours = run_script(SCRIPT, tmp_path, processes, overdrive=True)
+    ours, theirs = run_script_both(SCRIPT, tmp_path, processes)
     compared = 0
     for rank, (mine, real) in enumerate(zip(ours, theirs)):
         for shape, (got, sizes) in mine["shapes"].items():

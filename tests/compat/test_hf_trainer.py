@@ -7,7 +7,8 @@ Trainer resumed from the half-way checkpoint. See tests/scripts/hf_trainer_run.p
 
 Runs that several tests compare with (the one-process fp32 runs, the two-process bf16 runs of both engines)
 are module fixtures, and one process runs several models one after the other: each Python start with
-transformers costs ~8 s of CPU, more than the training itself.
+transformers costs ~8 s of CPU, more than the training itself. The runs a comparison needs start together
+(tests/support/cli.py: run_at_once).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
-from tests.support.cli import clean_env
+from tests.support.cli import clean_env, run_at_once
 
 pytestmark = pytest.mark.requires("transformers", "accelerate")
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "hf_trainer_run.py")
@@ -40,29 +42,43 @@ def _results(out: Path, jobs: tuple[str, ...], proc: subprocess.CompletedProcess
     return {job: json.loads((out / job / "result.json").read_text()) for job in jobs}
 
 
-def run_one(tmp_path: Path, name: str, *jobs: str, flags: tuple[str, ...] = ()) -> dict[str, dict]:
+class Run(NamedTuple):
+    """One command of the script: what it runs, where it writes and which jobs it runs."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    out: Path
+    jobs: tuple[str, ...]
+
+
+def one(tmp_path: Path, name: str, *jobs: str, flags: tuple[str, ...] = ()) -> Run:
     """One process: plain python (the real Accelerate unless --alias) running ``jobs`` one after the other."""
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, SCRIPT, str(out), *jobs, *flags], capture_output=True, text=True,
-                          timeout=300 + 60 * len(jobs), env=_env(tmp_path), cwd=tmp_path)
-    return _results(out, jobs, proc)
+    return Run([sys.executable, SCRIPT, str(out), *jobs, *flags], _env(tmp_path), tmp_path, out, jobs)
 
 
-def run_two(tmp_path: Path, name: str, *jobs: str, flags: tuple[str, ...] = (), overdrive: bool, processes: int = 2,
-            as_accelerate: bool = True) -> dict[str, dict]:
+def two(tmp_path: Path, name: str, *jobs: str, flags: tuple[str, ...] = (), overdrive: bool, processes: int = 2,
+        as_accelerate: bool = True) -> Run:
     """``processes`` processes: ``overdrive launch`` (``--as_accelerate``, or the script's own alias call with
     ``--alias``) or torchrun with the real Accelerate."""
     out = tmp_path / name
     if overdrive:
-        command = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
-                   *(["--as_accelerate"] if as_accelerate else []),
-                   *(["--mixed_precision", "bf16"] if "--bf16" in flags else []), SCRIPT, str(out), *jobs, *flags]
+        argv = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
+                *(["--as_accelerate"] if as_accelerate else []),
+                *(["--mixed_precision", "bf16"] if "--bf16" in flags else []), SCRIPT, str(out), *jobs, *flags]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), SCRIPT,
-                   str(out), *jobs, *flags]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=420 + 60 * len(jobs), env=_env(tmp_path),
-                          cwd=tmp_path)
-    return _results(out, jobs, proc)
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), SCRIPT,
+                str(out), *jobs, *flags]
+    return Run(argv, _env(tmp_path), tmp_path, out, jobs)
+
+
+def together(*runs: Run) -> list[dict[str, dict]]:
+    """The runs started together (tests/support/cli.py: run_at_once: each Python start with transformers is
+    seconds of one core); each one's results, in order."""
+    done = run_at_once(*((run.argv, run.env, run.cwd) for run in runs),
+                       timeout=420 + 60 * max(len(run.jobs) for run in runs))
+    return [_results(run.out, run.jobs, proc) for run, proc in zip(runs, done)]
 
 
 def _has_peft_and_trl() -> bool:
@@ -71,29 +87,27 @@ def _has_peft_and_trl() -> bool:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> tuple[dict[str, dict], dict[str, dict]]:
-    """The fp32 one-process runs, ours (the alias) and the real Accelerate's: BERT and Llama in one process
-    each (a Python start with transformers costs ~8 s of CPU), and on ours LoRA and SFT after them."""
+    """The fp32 one-process runs, ours (the alias) and the real Accelerate's, started together: BERT and Llama
+    in one process each (a Python start with transformers costs ~8 s of CPU), and on ours LoRA and SFT after
+    them."""
     root = tmp_path_factory.mktemp("one_process")
     extra = ("lora", "sft") if _has_peft_and_trl() else ()
-    ours = run_one(root, "ours", "bert", "llama", *extra, flags=("--alias",))
-    theirs = run_one(root, "theirs", "bert", "llama")
+    ours, theirs = together(one(root, "ours", "bert", "llama", *extra, flags=("--alias",)),
+                            one(root, "theirs", "bert", "llama"))
     return ours, theirs
 
 
 @pytest.fixture(scope="module")
-def two_process_reference(tmp_path_factory) -> dict[str, dict]:
-    """The real Accelerate on 2 processes (torchrun) in bf16, BERT and Llama in one launch."""
-    root = tmp_path_factory.mktemp("two_process_reference")
-    return run_two(root, "theirs", "bert", "llama", flags=("--bf16",), overdrive=False)
-
-
-@pytest.fixture(scope="module")
-def two_processes_ours(tmp_path_factory) -> dict[str, dict]:
-    """overdrive on 2 processes in bf16, BERT and Llama in one ``overdrive launch`` whose script calls
-    ``install_as_accelerate()`` itself (``--as_accelerate`` on 2 processes: the Trainers of
-    test_library_loops.py and the scripts of test_real_script_unconditional.py)."""
-    root = tmp_path_factory.mktemp("two_processes_ours")
-    return run_two(root, "ours", "bert", "llama", flags=("--bf16", "--alias"), overdrive=True, as_accelerate=False)
+def two_processes(tmp_path_factory) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(ours, theirs) on 2 processes in bf16, BERT and Llama in one launch each, started together: overdrive
+    through ``overdrive launch`` whose script calls ``install_as_accelerate()`` itself (``--as_accelerate`` on 2
+    processes: the Trainers of test_library_loops.py and the scripts of test_real_script_unconditional.py), the
+    real Accelerate through torchrun."""
+    root = tmp_path_factory.mktemp("two_processes")
+    ours, theirs = together(two(root, "ours", "bert", "llama", flags=("--bf16", "--alias"), overdrive=True,
+                                as_accelerate=False),
+                            two(root, "theirs", "bert", "llama", flags=("--bf16",), overdrive=False))
+    return ours, theirs
 
 
 def assert_close(ours: list[float], theirs: list[float], tolerance: float) -> None:
@@ -129,7 +143,7 @@ def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path,
     arguments, which hold the state), evaluates and resumes like the same run without DeepSpeed (the one
     ``test_trainer_one_process_matches_accelerate`` compares with the real Accelerate); the real Accelerate gives
     the two runs the same losses too (measured; its DeepSpeed run is too slow for CI)."""
-    ours = run_one(tmp_path, "zero2", "bert", flags=("--alias", "--deepspeed", "2"))["bert"]
+    ours = together(one(tmp_path, "zero2", "bert", flags=("--alias", "--deepspeed", "2")))[0]["bert"]
     plain = one_process[0]["bert"]
     assert ours["distributed_type"].endswith("DEEPSPEED") and not plain["distributed_type"].endswith("DEEPSPEED")
     check_run(ours)
@@ -140,12 +154,10 @@ def test_bert_trainer_under_deepspeed_zero2_matches_the_run_without_it(tmp_path,
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(two_processes_ours,
-                                                                            two_process_reference):
+def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(two_processes):
     """Llama in bf16 on 2 processes of ``overdrive launch`` (the launch BERT's test below shares) against the
     real Accelerate's."""
-    ours = two_processes_ours["llama"]
-    theirs = two_process_reference["llama"]
+    ours, theirs = two_processes[0]["llama"], two_processes[1]["llama"]
     assert theirs["library"] == "accelerate" and theirs["num_processes"] == 2
     assert ours["num_processes"] == 2 and ours["mixed_precision"] == "bf16"
     check_run(ours)
@@ -155,21 +167,20 @@ def test_llama_trainer_two_processes_bf16_through_launch_matches_accelerate(two_
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(1200)
-def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_call(tmp_path, two_processes_ours,
-                                                                                     two_process_reference):
+def test_bert_bf16_one_process_as_accelerate_and_two_processes_with_the_alias_call(tmp_path, two_processes):
     """BERT in bf16: 1 process through ``overdrive launch --as_accelerate``, and 2 processes through
     ``overdrive launch`` whose script calls ``install_as_accelerate()`` itself; each against the real Accelerate."""
-    one = run_two(tmp_path, "one", "bert", flags=("--bf16",), overdrive=True, processes=1)["bert"]
-    one_ref = run_one(tmp_path, "one_ref", "bert", flags=("--bf16",))["bert"]
-    assert one["num_processes"] == 1 and one["mixed_precision"] == "bf16" and one_ref["library"] == "accelerate"
-    check_run(one)
-    assert_close(one["losses"], one_ref["losses"], 2e-2)
-    two = two_processes_ours["bert"]
-    two_ref = two_process_reference["bert"]
-    assert two["num_processes"] == 2 and two["mixed_precision"] == "bf16" and two_ref["num_processes"] == 2
-    check_run(two)
-    assert_close(two["losses"], two_ref["losses"], 2e-2)
-    assert abs(two["eval_loss"] - two_ref["eval_loss"]) <= 2e-2 * max(1.0, abs(two_ref["eval_loss"]))
+    ones = together(two(tmp_path, "one", "bert", flags=("--bf16",), overdrive=True, processes=1),
+                    one(tmp_path, "one_ref", "bert", flags=("--bf16",)))
+    one_run, one_ref = ones[0]["bert"], ones[1]["bert"]
+    assert one_run["num_processes"] == 1 and one_run["mixed_precision"] == "bf16" and one_ref["library"] == "accelerate"
+    check_run(one_run)
+    assert_close(one_run["losses"], one_ref["losses"], 2e-2)
+    two_run, two_ref = two_processes[0]["bert"], two_processes[1]["bert"]
+    assert two_run["num_processes"] == 2 and two_run["mixed_precision"] == "bf16" and two_ref["num_processes"] == 2
+    check_run(two_run)
+    assert_close(two_run["losses"], two_ref["losses"], 2e-2)
+    assert abs(two_run["eval_loss"] - two_ref["eval_loss"]) <= 2e-2 * max(1.0, abs(two_ref["eval_loss"]))
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ skipping, DDPMPipeline from the unwrapped model), sentence-transformers' Sentenc
 Trainer and lm-eval's HFLM. See tests/scripts/library_loops_run.py.
 
 One process per engine and process count runs every job (a Python start with these libraries costs ~10 s of
-CPU): four runs in all, shared by the tests through module fixtures. Shuffling is the libraries' own (the
+CPU): four runs in all, shared by the tests through module fixtures; each fixture starts its two engines' runs
+together. Shuffling is the libraries' own (the
 example's ``shuffle=True`` DataLoader, sentence-transformers' seeded batch sampler).
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import clean_env
+from tests.support.cli import clean_env, run_at_once
 
 NEEDED = ("accelerate", "transformers", "diffusers", "sentence_transformers", "setfit", "lm_eval", "datasets")
 pytestmark = [pytest.mark.requires(*NEEDED)]
@@ -34,27 +35,32 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("ACCELERATE_")}
 
 
-def run(tmp_path: Path, name: str, *jobs: str, processes: int, overdrive: bool,
-        flags: tuple[str, ...] = ()) -> dict[str, dict]:
+def command(tmp_path: Path, name: str, *jobs: str, processes: int, overdrive: bool,
+            flags: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str], Path]:
     """Every job in one Python process per rank: plain python (1 process; ``--alias`` for overdrive), else
-    ``overdrive launch --as_accelerate`` or torchrun (the real Accelerate)."""
-    out = tmp_path / name
+    ``overdrive launch --as_accelerate`` or torchrun (the real Accelerate); (argv, environment, folder)."""
+    out = str(tmp_path / name)
     if processes == 1:
-        command = [sys.executable, SCRIPT, str(out), *jobs, *flags, *(["--alias"] if overdrive else [])]
+        argv = [sys.executable, SCRIPT, out, *jobs, *flags, *(["--alias"] if overdrive else [])]
     elif overdrive:
-        command = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
-                   "--as_accelerate", SCRIPT, str(out), *jobs, *flags]
+        argv = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
+                "--as_accelerate", SCRIPT, out, *jobs, *flags]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), SCRIPT,
-                   str(out), *jobs, *flags]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_env(tmp_path), cwd=tmp_path)
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), SCRIPT, out,
+                *jobs, *flags]
+    return argv, _env(tmp_path), tmp_path
+
+
+def results(tmp_path: Path, name: str, jobs: tuple[str, ...], proc: subprocess.CompletedProcess) -> dict[str, dict]:
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-5000:])
-    return {job: json.loads((out / job / "result.json").read_text()) for job in jobs}
+    return {job: json.loads((tmp_path / name / job / "result.json").read_text()) for job in jobs}
 
 
 def both(root: Path, processes: int) -> tuple[dict[str, dict], dict[str, dict]]:
-    return (run(root, "ours", *JOBS, processes=processes, overdrive=True),
-            run(root, "theirs", *JOBS, processes=processes, overdrive=False))
+    """(ours, theirs): the two engines' runs, started together (tests/support/cli.py: run_at_once)."""
+    ours, theirs = run_at_once(command(root, "ours", *JOBS, processes=processes, overdrive=True),
+                               command(root, "theirs", *JOBS, processes=processes, overdrive=False), timeout=900)
+    return results(root, "ours", JOBS, ours), results(root, "theirs", JOBS, theirs)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engines import run_script
+from tests.support.engines import run_script, run_script_both
 
 pytestmark = [pytest.mark.requires("accelerate")]
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "resume_run.py")
@@ -55,8 +55,8 @@ def test_one_process_matches_accelerate(one_process, tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_processes_match_accelerate(one_process, tmp_path):
-    ours = run_script(SCRIPT, tmp_path, 2, True)
-    _compare(ours, run_script(SCRIPT, tmp_path, 2, False))
+    ours, theirs = run_script_both(SCRIPT, tmp_path, 2)
+    _compare(ours, theirs)
     # with the generator seeded before each epoch (Accelerate's training_check), two processes see, step by
     # step, what one process sees: its batches in turn, rank 0's then rank 1's
     for epoch, single in enumerate(one_process[0]["orders"]["generator"]):

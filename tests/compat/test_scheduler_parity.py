@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engines import run_script
+from tests.support.engines import run_script_both
 
 pytestmark = [pytest.mark.requires("accelerate")]
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "scheduler_lrs.py")
@@ -33,12 +33,12 @@ def _compare(ours: list[dict], theirs: list[dict]) -> None:
 
 
 def test_one_process_lrs_match_accelerate(tmp_path):
-    _compare(run_script(SCRIPT, tmp_path, 1, True), run_script(SCRIPT, tmp_path, 1, False))
+    _compare(*run_script_both(SCRIPT, tmp_path, 1))
 
 
 @pytest.mark.slow
 def test_two_processes_lrs_match_accelerate(tmp_path):
-    theirs = run_script(SCRIPT, tmp_path, 2, False)
+    ours, theirs = run_script_both(SCRIPT, tmp_path, 2)
     # each optimizer step moves the schedule once per process (lr_lambda 1 / (1 + n): 1/3 after the first)
     assert theirs[0]["lambda"][0] == pytest.approx(1 / 3) and theirs[0]["lambda_split"][0] == pytest.approx(1 / 2)
-    _compare(run_script(SCRIPT, tmp_path, 2, True), theirs)
+    _compare(ours, theirs)

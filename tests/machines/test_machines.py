@@ -158,7 +158,9 @@ def test_training_across_two_machines_restarted_after_a_crash_equals_one_process
 
 @pytest.mark.timeout(300)
 def test_link_cut_mid_run_ends_both_machines_naming_the_unreachable_one(cluster, tmp_path):
-    timeout = 20
+    # the process-group timeout is all the ends wait for after the cut (the ranks start within a few seconds of
+    # each other, the steps take 0.3 s): short, as long as the start cannot reach it
+    timeout = 12
     run = launch(cluster, tmp_path / "run", "--steps", "1000", "--sleep", "0.3", "--timeout", str(timeout))
     deadline = time.monotonic() + 150
     while len(run.steps(0)) < 3 and time.monotonic() < deadline and all(p.poll() is None for p in run.procs):
@@ -224,11 +226,13 @@ def test_an_elastic_job_goes_on_with_the_machine_left_and_resumes_from_the_newes
     # --num_machines 1:2 (torchrun --nnodes 1:2, c10d rendezvous): the job starts on both machines (4 ranks);
     # machine 1 is lost after step 5; machine 0's agent restarts its group alone (world size 2), and the job's
     # accelerator.load_state() reshards the newest complete checkpoint (step 4) to 2 ranks; the global batch
-    # stays 32, so the data resumes at the next batch and the result equals one uninterrupted process
+    # stays 32, so the data resumes at the next batch and the result equals one uninterrupted process. The lost
+    # machine leaves the rendezvous when its keep-alive expires: 5 x 1 s here instead of torchrun's 3 x 5 s
     steps = 12
     run = launch(cluster, tmp_path / "run", "--steps", str(steps), "--sleep", "0.3", "--timeout", "60",
                  "--save-every", "2", num_machines="1:2",
-                 flags=("--rdzv_backend", "c10d", "--rdzv_conf", "last_call_timeout=5", "--max_restarts", "1"))
+                 flags=("--rdzv_backend", "c10d", "--rdzv_conf",
+                        "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=5", "--max_restarts", "1"))
     deadline = time.monotonic() + 150
     while len(run.steps(0)) < 5 and time.monotonic() < deadline and all(p.poll() is None for p in run.procs):
         time.sleep(0.1)
@@ -257,21 +261,21 @@ def test_an_elastic_job_goes_on_with_the_machine_left_and_resumes_from_the_newes
 @pytest.mark.timeout(240)
 def test_a_machine_that_never_joins_is_named_within_the_rendezvous_timeout(cluster, tmp_path):
     # machine 0 alone (machine 1 never starts), and, on another port, machine 1 alone (machine 0 never starts)
-    flags = ("--rdzv_conf", "timeout=15")
+    flags = ("--rdzv_conf", "timeout=8")  # nothing can join: the test waits this out
     alone0 = launch(cluster, tmp_path / "a", flags=flags, only=0, port=29500)
     alone1 = launch(cluster, tmp_path / "b", flags=flags, only=1, port=29501)
     ended = [alone0.wait(120)[0] - alone0.started, alone1.wait(120)[0] - alone1.started]
     print(f"the rendezvous failed after {ended[0]:.1f} s (machine 0) and {ended[1]:.1f} s (machine 1), "
-          "timeout 15 s")
+          "timeout 8 s")
     assert alone0.procs[0].returncode == 1 and alone1.procs[0].returncode == 1
     where = f"{cluster.address(0)}:"
     assert f"overdrive launch: machine 1 did not join the job at {where}29500 (1 of 2 machines came" in \
         alone0.err(0), alone0.err(0)
     assert f"overdrive launch: machine 0 could not be reached at {where}29501 from machine 1" in alone1.err(1), \
         alone1.err(1)
-    # machine 0 ends ~timeout + 10 s (25.8 s measured); machine 1's agent tries the store more than once
-    # (43.1 s measured with a 15 s timeout): torchrun's own retries, bounded here generously
-    assert ended[0] < 15 + 30 and ended[1] < 3 * 15 + 30
+    # machine 0 ends ~timeout + 10 s (25.8 s measured with a 15 s timeout); machine 1's agent tries the store
+    # more than once (43.1 s measured with a 15 s timeout): torchrun's own retries, bounded here generously
+    assert ended[0] < 8 + 30 and ended[1] < 3 * 8 + 30
     assert no_processes_left(cluster)
 
 

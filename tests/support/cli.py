@@ -1,13 +1,16 @@
 """Running the ``overdrive`` command as a user would, from tests: a clean environment (no cluster's variables,
-config files under the test's folder), the command with a hard timeout, and the per-rank results a launched
-test script (tests/scripts/) wrote."""
+config files under the test's folder), the command with a hard timeout, independent commands at the same time
+(``run_at_once``), and the per-rank results a launched test script (tests/scripts/) wrote."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,34 @@ def overdrive(*args: str, env: dict[str, str], cwd: Path | None = None, timeout:
     """``overdrive ARGS`` run as a user would (``python -m overdrive.cli``), with a hard ``timeout``."""
     return subprocess.run([sys.executable, "-m", "overdrive.cli", *args], env=env, cwd=cwd, input=stdin,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_at_once(*commands: tuple[list[str], dict[str, str], Path | None],
+                timeout: float) -> list[subprocess.CompletedProcess]:
+    """Independent ``(argv, env, cwd)`` commands started together and waited for together: what each would
+    give alone, in their order. A command spends most of its time starting Python with big libraries, so
+    one started beside another uses a core the test would leave idle while it waits. Outputs go through
+    files (a full pipe would stall a command until the ones before it ended); past ``timeout`` every command's
+    process group is killed and ``subprocess.TimeoutExpired`` raised."""
+    with tempfile.TemporaryDirectory() as folder:
+        started = []
+        for i, (argv, env, cwd) in enumerate(commands):
+            with open(Path(folder) / f"{i}.out", "wb") as out, open(Path(folder) / f"{i}.err", "wb") as err:
+                started.append(subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err,
+                                                stdin=subprocess.DEVNULL, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        try:
+            for proc in started:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            for proc in started:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        return [subprocess.CompletedProcess(argv, proc.returncode,
+                                            (Path(folder) / f"{i}.out").read_text(errors="replace"),
+                                            (Path(folder) / f"{i}.err").read_text(errors="replace"))
+                for i, ((argv, _, _), proc) in enumerate(zip(commands, started))]
 
 
 def rank_results(result: subprocess.CompletedProcess, folder: Path, world: int = 2) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ so that a test can compare the two.
 - ``run_script(script, folder, processes, overdrive)``: a script of tests/scripts/ on 1 or more processes
   (overdrive: ``--alias`` on one, ``overdrive launch --as_accelerate`` on several; Accelerate: plain python
   or torchrun), each rank writing ``<folder>/<engine>/result_<rank>.json``; the results in rank order.
+  ``run_script_both``: both engines' runs of it, started together.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.cli import clean_env
+from tests.support.cli import clean_env, run_at_once
 from tests.support.distributed import run_distributed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +56,9 @@ def run_function(fn: Callable[..., Any], engine: str, *args: Any, timeout: float
             raise AssertionError(f"{engine}: {error}") from error
 
 
-def run_script(script: str | Path, folder: Path, processes: int, overdrive: bool,
-               timeout: float = 300) -> list[dict]:
-    """Each rank's result of ``script`` on ``processes`` processes under overdrive or the real Accelerate;
-    every result's ``library`` names the engine that ran it (checked, then removed)."""
-    engine = "overdrive" if overdrive else "accelerate"
-    out = folder / engine
+def _script_command(script: str | Path, folder: Path, processes: int, overdrive: bool
+                    ) -> tuple[list[str], dict[str, str], Path]:
+    out = folder / ("overdrive" if overdrive else "accelerate")
     env = engine_env(folder)
     if processes == 1:
         command = [sys.executable, str(script), str(out), *(["--alias"] if overdrive else [])]
@@ -69,10 +67,32 @@ def run_script(script: str | Path, folder: Path, processes: int, overdrive: bool
                    "--as_accelerate", str(script), str(out)]
     else:  # Accelerate runs several CPU processes only when told to use the CPU
         env["ACCELERATE_USE_CPU"] = "true"
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), str(script),
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), str(script),
                    str(out)]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=folder)
+    return command, env, folder
+
+
+def _script_results(proc: subprocess.CompletedProcess, folder: Path, processes: int, overdrive: bool) -> list[dict]:
+    engine = "overdrive" if overdrive else "accelerate"
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
-    results = [json.loads((out / f"result_{rank}.json").read_text()) for rank in range(processes)]
+    results = [json.loads((folder / engine / f"result_{rank}.json").read_text()) for rank in range(processes)]
     assert [r.pop("library") for r in results] == [engine] * processes
     return results
+
+
+def run_script(script: str | Path, folder: Path, processes: int, overdrive: bool,
+               timeout: float = 300) -> list[dict]:
+    """Each rank's result of ``script`` on ``processes`` processes under overdrive or the real Accelerate;
+    every result's ``library`` names the engine that ran it (checked, then removed)."""
+    command, env, cwd = _script_command(script, folder, processes, overdrive)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    return _script_results(proc, folder, processes, overdrive)
+
+
+def run_script_both(script: str | Path, folder: Path, processes: int,
+                    timeout: float = 300) -> tuple[list[dict], list[dict]]:
+    """``run_script`` under both engines, started together (tests/support/cli.py: run_at_once): (overdrive's
+    results, the real Accelerate's)."""
+    ours, theirs = run_at_once(_script_command(script, folder, processes, True),
+                               _script_command(script, folder, processes, False), timeout=timeout)
+    return (_script_results(ours, folder, processes, True), _script_results(theirs, folder, processes, False))

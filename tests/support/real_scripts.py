@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.cli import clean_env
+from tests.support.cli import clean_env, run_at_once
 
 REAL = Path(__file__).resolve().parents[1] / "scripts" / "real"  # tests/scripts/real
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -75,56 +74,77 @@ class Launch:
                 for folder in folders}
 
 
-def launch(engine: str, script: str, processes: int, output_dir: Path, *args: str) -> Launch:
-    """``script`` run to its end under ``engine`` on ``processes`` CPU processes (gloo)."""
+def command(engine: str, script: str, processes: int, output_dir: Path, *args: str
+            ) -> tuple[list[str], dict[str, str], Path]:
+    """The command that runs ``script`` to its end under ``engine`` on ``processes`` CPU processes (gloo):
+    (argv, environment, working folder)."""
     path = str(REAL / script)
     if engine == "overdrive":
-        command = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
-                   "--as_accelerate", path]
+        argv = [sys.executable, "-m", "overdrive.cli", "launch", "--num_processes", str(processes),
+                "--as_accelerate", path]
     elif processes == 1:
-        command = [sys.executable, path]
+        argv = [sys.executable, path]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-                   path]
-    command += ["--output_dir", str(output_dir), *args]
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+                path]
+    argv += ["--output_dir", str(output_dir), *args]
     env = clean_env(output_dir.parent, PYTHONPATH=SRC, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
                     TRANSFORMERS_NO_ADVISORY_WARNINGS="1", TOKENIZERS_PARALLELISM="false")
     if engine == "accelerate" and processes > 1:
         # what `accelerate launch --cpu` sets: without it Accelerate makes each torchrun rank a one-process run
         env["ACCELERATE_USE_CPU"] = "true"
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=output_dir.parent)
-    return Launch(command, proc.returncode, proc.stdout, proc.stderr, output_dir)
+    return argv, env, output_dir.parent
+
+
+def launch_together(*runs: tuple[str, str, int, Path, tuple[str, ...]]) -> list[Launch]:
+    """Each ``(engine, script, processes, output_dir, args)`` run to its end, all started together
+    (tests/support/cli.py: run_at_once: a Python start with transformers is seconds of one core)."""
+    commands = [command(engine, script, processes, output_dir, *args)
+                for engine, script, processes, output_dir, args in runs]
+    done = run_at_once(*commands, timeout=420)
+    return [Launch(argv, proc.returncode, proc.stdout, proc.stderr, run[3])
+            for (argv, _, _), proc, run in zip(commands, done, runs)]
 
 
 @dataclass
 class ScriptRuns:
-    """Every launch of one script on one process count, each started once, when a test first asks for it."""
+    """Every launch of one script on one process count, each started once, when a test first asks for it;
+    the launches that do not depend on each other start together (both engines' full runs; a resumed run and
+    the real Accelerate's resumed run it is compared with)."""
 
     root: Path
     script: Script
     processes: int
     _done: dict[tuple[str, ...], Launch] = field(default_factory=dict)
 
+    def _run(self, wanted: dict[tuple[str, ...], tuple[Path, tuple[str, ...]]]) -> None:
+        """Launch the ``wanted`` runs not done yet ({key: (output folder, arguments)}), together."""
+        missing = [key for key in wanted if key not in self._done]
+        launches = launch_together(*((key[1], self.script.name, self.processes, wanted[key][0], wanted[key][1])
+                                     for key in missing))
+        self._done.update(zip(missing, launches))
+
     def full(self, engine: str) -> Launch:
-        """A run from the start to the end, writing its checkpoints."""
-        key = ("full", engine)
-        if key not in self._done:
-            self._done[key] = launch(engine, self.script.name, self.processes, self.root / f"full_{engine}",
-                                     *self.script.args)
-        return self._done[key]
+        """A run from the start to the end, writing its checkpoints (both engines' start together)."""
+        if ("full", engine) not in self._done:
+            self._run({("full", name): (self.root / f"full_{name}", self.script.args) for name in ENGINES})
+        return self._done[("full", engine)]
 
     def resumed(self, engine: str, written_by: str) -> Launch:
-        """A new run under ``engine`` resumed from the checkpoint that ``written_by``'s full run wrote."""
-        key = ("resumed", engine, written_by)
-        if key not in self._done:
+        """A new run under ``engine`` resumed from the checkpoint that ``written_by``'s full run wrote (started
+        together with the real Accelerate's resumed run from its own checkpoint, every test's reference)."""
+        wanted = {}
+        for key in (("resumed", engine, written_by), ("resumed", "accelerate", "accelerate")):
+            if key in self._done or key in wanted:
+                continue
             name = self.script.checkpoint(self.processes)
-            output_dir = self.root / f"resumed_{engine}_from_{written_by}"
-            source = self.full(written_by)
+            output_dir = self.root / f"resumed_{key[1]}_from_{key[2]}"
+            source = self.full(key[2])
             source.check()
             shutil.copytree(source.output_dir / name, output_dir / name)
-            self._done[key] = launch(engine, self.script.name, self.processes, output_dir, *self.script.args,
-                                     "--resume_from_checkpoint", str(output_dir / name))
-        return self._done[key]
+            wanted[key] = (output_dir, (*self.script.args, "--resume_from_checkpoint", str(output_dir / name)))
+        self._run(wanted)
+        return self._done[("resumed", engine, written_by)]
 
 
 def assert_same_weights(ours: dict[str, Any], theirs: dict[str, Any], what: str) -> None:
