@@ -119,6 +119,44 @@ def _end_soon(out: Path, group: int, steps: int) -> int:
     return end
 
 
+def _kill_group_1_and_relaunch(tmp_path: Path, out: Path, server: LighthouseServer, env: dict[str, str],
+                               processes: int = 1, *flags: str, start_s: float = 120
+                               ) -> tuple[list[subprocess.Popen], float, int]:
+    """Groups 0 and 1 launched (``processes`` each); group 1 kills its whole launch in its 8th step (after its
+    forward), its files are set aside (``killed_steps_<rank>.jsonl``, ``killed.err``), it is launched again and,
+    once it has stepped, the job ends 8 steps later. Returns the three launches (ended), the kill's time and the
+    end step."""
+    procs: list[subprocess.Popen] = []
+    try:
+        procs = [_launch(tmp_path, out, 0, _address(server), env, processes, *flags),
+                 _launch(tmp_path, out, 1, _address(server), {**env, "FT_KILL_AT_STEP": "8"}, processes, *flags)]
+        deadline = time.monotonic() + start_s
+        while procs[1].poll() is None and time.monotonic() < deadline:  # it kills itself in its step 8
+            time.sleep(0.02)
+        killed_at = time.time()
+        with contextlib.suppress(ProcessLookupError):  # (its own SIGKILL took the whole launch with it)
+            os.killpg(procs[1].pid, signal.SIGKILL)
+        procs[1].wait(30)
+        assert len(_steps(out, 1)) == 8, _logs(out)
+        for rank in range(processes):
+            (out / f"steps_1_{rank}.jsonl").rename(out / f"killed_steps_{rank}.jsonl")
+        # (if group 1 started second, its first launch healed at its start too: only the relaunch's lines count)
+        (out / "group1.err").rename(out / "killed.err")
+        procs.append(_launch(tmp_path, out, 1, _address(server), env, processes, *flags))
+        deadline = time.monotonic() + start_s
+        while not _steps(out, 1) and time.monotonic() < deadline and procs[0].poll() is None:
+            time.sleep(0.05)
+        assert _steps(out, 1), f"the relaunched group took no step within {start_s} s:\n{_logs(out)}"
+        end = _end_soon(out, 0, 8)
+        _wait([procs[0], procs[2]], 300, out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        server.shutdown()
+    return procs, killed_at, end
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_without_faults_two_replica_groups_equal_plain_ddp(tmp_path):
@@ -160,33 +198,7 @@ def test_a_killed_group_drops_out_and_heals_when_launched_again(tmp_path):
     out.mkdir()
     # 500 steps of 0.25 s alone: time for the relaunch on a slow machine; the run ends soon after the heal
     env = _env(tmp_path, SAMPLES="4000", STEP_SLEEP="0.25")
-    procs: list[subprocess.Popen] = []
-    try:
-        procs = [_launch(tmp_path, out, 0, _address(server), env),
-                 _launch(tmp_path, out, 1, _address(server), {**env, "FT_KILL_AT_STEP": "8"})]
-        deadline = time.monotonic() + 120
-        while procs[1].poll() is None and time.monotonic() < deadline:  # it kills itself in its step 8
-            time.sleep(0.02)
-        killed_at = time.time()
-        with contextlib.suppress(ProcessLookupError):  # (its own SIGKILL took the whole launch with it)
-            os.killpg(procs[1].pid, signal.SIGKILL)
-        procs[1].wait(30)
-        assert len(_steps(out, 1)) == 8, _logs(out)
-        (out / "steps_1_0.jsonl").rename(out / "killed_steps.jsonl")
-        # (if group 1 started second, its first launch healed at its start too: only the relaunch's lines count)
-        (out / "group1.err").rename(out / "killed.err")
-        procs.append(_launch(tmp_path, out, 1, _address(server), env))
-        deadline = time.monotonic() + 120
-        while not _steps(out, 1) and time.monotonic() < deadline and procs[0].poll() is None:
-            time.sleep(0.05)
-        assert _steps(out, 1), f"the relaunched group took no step within 120 s:\n{_logs(out)}"
-        end = _end_soon(out, 0, 8)
-        _wait([procs[0], procs[2]], 300, out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        server.shutdown()
+    procs, killed_at, end = _kill_group_1_and_relaunch(tmp_path, out, server, env)
     assert procs[0].returncode == 0 and procs[2].returncode == 0, _logs(out)
     survivor, healed = _steps(out, 0), _steps(out, 1)
     # never restarted (with min_replicas 1 the group that starts second heals at once: it may be either)

@@ -13,13 +13,8 @@ torchft. The unchanged script tests/scripts/ft_job.py, launched as in tests/stra
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
-import time
 
 import pytest
 import torch
@@ -27,10 +22,10 @@ import torch
 pytest.importorskip("torchft", reason="fault-tolerant training needs torchft (pip install 'overdrive[ft]')")
 from tests.strategies.test_fault_tolerant import (  # noqa: E402  (after the skip: torchft is optional)
     _address,
-    _end_soon,
     _env,
     _final,
     _flat_optimizer,
+    _kill_group_1_and_relaunch,
     _launch,
     _lighthouse,
     _logs,
@@ -88,33 +83,7 @@ def test_a_killed_sharded_group_drops_out_and_heals_shard_by_shard(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = _env(tmp_path, SAMPLES="4000", STEP_SLEEP="0.25")
-    procs: list[subprocess.Popen] = []
-    try:
-        procs = [_launch(tmp_path, out, 0, _address(server), env, 2, *FSDP2),
-                 _launch(tmp_path, out, 1, _address(server), {**env, "FT_KILL_AT_STEP": "8"}, 2, *FSDP2)]
-        deadline = time.monotonic() + 150
-        while procs[1].poll() is None and time.monotonic() < deadline:  # it kills itself in its step 8
-            time.sleep(0.02)
-        killed_at = time.time()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(procs[1].pid, signal.SIGKILL)
-        procs[1].wait(30)
-        assert len(_steps(out, 1)) == 8, _logs(out)
-        for rank in (0, 1):
-            (out / f"steps_1_{rank}.jsonl").rename(out / f"killed_steps_{rank}.jsonl")
-        (out / "group1.err").rename(out / "killed.err")
-        procs.append(_launch(tmp_path, out, 1, _address(server), env, 2, *FSDP2))
-        deadline = time.monotonic() + 150
-        while not _steps(out, 1) and time.monotonic() < deadline and procs[0].poll() is None:
-            time.sleep(0.05)
-        assert _steps(out, 1), f"the relaunched group took no step within 150 s:\n{_logs(out)}"
-        end = _end_soon(out, 0, 8)
-        _wait([procs[0], procs[2]], 300, out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        server.shutdown()
+    procs, killed_at, end = _kill_group_1_and_relaunch(tmp_path, out, server, env, 2, *FSDP2, start_s=150)
     assert procs[0].returncode == 0 and procs[2].returncode == 0, _logs(out)
     survivor, healed = _steps(out, 0), _steps(out, 1)
     assert {s["pid"] for s in survivor} == {survivor[0]["pid"]}  # never restarted
