@@ -4,11 +4,14 @@ processes, and the time a relaunched replica group takes to heal, by model size.
     .venv/bin/python bench/ft_overhead.py                   # 3 rounds, ~4 min on 2 CPU cores
     .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes 256 1024 2048
     .venv/bin/python bench/ft_overhead.py --fsdp --heal-sizes 1024   # groups of 2 processes with FSDP2
+    .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes --parts   # also where the step's time goes
 
 Step time: the same loop (an MLP of 4 layers of ``--hidden`` units, AdamW, 64 samples a process a step), run
 as ``overdrive launch --num_processes 2`` (plain DDP) and as two launches of one process each joined by a
 lighthouse (two replica groups); a sample is rank 0's median step time over ``--steps`` steps after 10 warm-up
-steps, the rounds interleaved. Heal: group 0 trains, group 1 is launched once group 0 has stepped, and the
+steps, the rounds interleaved; with ``--parts`` also the medians of the step's parts (forward, backward,
+optimizer step, zero_grad) and of torchft's ``Manager`` calls made in it (their wrappers cost ~1 us a call, in
+the fault-tolerant mode only). Heal: group 0 trains, group 1 is launched once group 0 has stepped, and the
 time and bytes of its heal are read from its report line. Writes a markdown table to stdout and JSON to
 bench/results/ft_overhead.json.
 """
@@ -28,14 +31,15 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TARGET = 1.05
 
 
-def worker(hidden: int, steps: int, out: str) -> None:
-    """The benchmark loop (run by each launched process)."""
+def worker(hidden: int, steps: int, out: str, parts: bool = False) -> None:
+    """The benchmark loop (run by each launched process); with ``parts``, each part of the step timed too."""
     import torch
 
     from overdrive import Accelerator
@@ -49,19 +53,53 @@ def worker(hidden: int, steps: int, out: str) -> None:
     accelerator = Accelerator()
     model, optimizer = accelerator.prepare(model, optimizer)
     x, y = torch.randn(64, 64), torch.randn(64, 1)
-    times = []
+    times, marks = [], []
+    manager_calls = _time_manager_calls(accelerator) if parts else {}
     for _ in range(steps + 10):
         started = time.perf_counter()
         loss = torch.nn.functional.mse_loss(model(x), y)
+        forward_done = time.perf_counter()
         accelerator.backward(loss)
+        backward_done = time.perf_counter()
         optimizer.step()
+        step_done = time.perf_counter()
         optimizer.zero_grad()
         times.append(time.perf_counter() - started)
+        marks.append((started, forward_done, backward_done, step_done, started + times[-1]))
         if os.environ.get("BENCH_STEP_SLEEP"):
             time.sleep(float(os.environ["BENCH_STEP_SLEEP"]))
     if accelerator.is_main_process:
-        Path(out).write_text(json.dumps({"median_s": statistics.median(times[10:]),
-                                         "params": sum(p.numel() for p in model.parameters())}))
+        result = {"median_s": statistics.median(times[10:]), "params": sum(p.numel() for p in model.parameters())}
+        if parts:
+            names = ("forward", "backward", "optimizer step", "zero_grad")
+            result["parts_ms"] = {name: 1e3 * statistics.median(m[i + 1] - m[i] for m in marks[10:])
+                                  for i, name in enumerate(names)}
+            result["parts_ms"].update({f"Manager.{name} (x{len(t) / len(marks):.0f} a step)": 1e3 * statistics.median(t)
+                                       for name, t in manager_calls.items() if t})
+        Path(out).write_text(json.dumps(result))
+
+
+def _time_manager_calls(accelerator: Any) -> dict[str, list[float]]:
+    """Wraps the calls of torchft's ``Manager`` a fault-tolerant step makes, recording each call's seconds
+    (nothing to wrap in plain DDP)."""
+    manager = getattr(accelerator.strategy, "manager", None)
+    calls: dict[str, list[float]] = {}
+    for name in ("start_quorum", "wait_quorum", "allreduce", "should_commit") if manager is not None else ():
+        calls[name] = []
+        setattr(manager, name, _timed(getattr(manager, name), calls[name]))
+    return calls
+
+
+def _timed(call: Any, times: list[float]) -> Any:
+    """``call``, appending the seconds each call takes to ``times``."""
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - started)
+
+    return timed
 
 
 def _free_port() -> int:
@@ -96,8 +134,8 @@ def _ft_flags(address: str, group: int, fsdp: bool = False) -> list[str]:
     return [*inside, "--ft_lighthouse", address, "--ft_replica_group", str(group), "--ft_num_replica_groups", "2"]
 
 
-def step_time(fault_tolerant: bool, folder: Path, fsdp: bool = False) -> float:
-    """Rank 0's median step time (s) of one run (with ``fsdp``: plain HSDP over 4 processes, 2 replicas of 2
+def step_time(fault_tolerant: bool, folder: Path, fsdp: bool = False) -> dict[str, Any]:
+    """Rank 0's result of one run: ``median_s``, its median step time (s), and with ``--parts`` ``parts_ms`` (with ``fsdp``: plain HSDP over 4 processes, 2 replicas of 2
     shards, or 2 groups of 2 processes sharding with FSDP2)."""
     env, out = _env(), folder / f"result_{time.monotonic_ns()}.json"
     if not fault_tolerant:
@@ -105,7 +143,7 @@ def step_time(fault_tolerant: bool, folder: Path, fsdp: bool = False) -> float:
                  "2", "--parallelism_config_dp_shard_size", "2"] if fsdp else ["--num_processes", "2"]
         proc = _launch(plain, out, env, folder / "ddp.log")
         assert proc.wait(600) == 0, (folder / "ddp.log").read_text()[-2000:]
-        return json.loads(out.read_text())["median_s"]
+        return json.loads(out.read_text())
     lighthouse, address = _lighthouse(2, env)
     try:
         procs = [_launch(_ft_flags(address, g, fsdp), out.with_suffix(f".{g}"), env, folder / f"ft{g}.log")
@@ -115,7 +153,7 @@ def step_time(fault_tolerant: bool, folder: Path, fsdp: bool = False) -> float:
     finally:
         lighthouse.terminate()
         lighthouse.wait(30)
-    return json.loads(out.with_suffix(".0").read_text())["median_s"]
+    return json.loads(out.with_suffix(".0").read_text())
 
 
 def heal(hidden: int, folder: Path, fsdp: bool = False) -> dict[str, float]:
@@ -156,29 +194,36 @@ def main() -> None:
     parser.add_argument("--heal-sizes", type=int, nargs="*", default=[256, 1024, 2048])
     parser.add_argument("--fsdp", action="store_true", help="groups of 2 processes that shard with FSDP2 (against "
                         "plain HSDP over 4 processes: 2 replicas of 2 shards)")
+    parser.add_argument("--parts", action="store_true", help="also time the step's parts and torchft's calls")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("out", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.hidden, args.steps, args.out)
+        worker(args.hidden, args.steps, args.out, args.parts)
         return
     results: dict[str, list[float]] = {"ddp": [], "ft": []}
+    parts: dict[str, list[dict[str, float]]] = {"ddp": [], "ft": []}
     heals = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for _ in range(args.rounds):
             for mode in ("ddp", "ft"):
-                WORKER_ARGS[:] = ["--hidden", str(args.hidden), "--steps", str(args.steps)]
-                results[mode].append(step_time(mode == "ft", folder, args.fsdp))
+                WORKER_ARGS[:] = ["--hidden", str(args.hidden), "--steps", str(args.steps),
+                                  *(["--parts"] if args.parts else [])]
+                result = step_time(mode == "ft", folder, args.fsdp)
+                results[mode].append(result["median_s"])
+                parts[mode] += [result["parts_ms"]] if args.parts else []
         for hidden in args.heal_sizes:
             heals[hidden] = heal(hidden, folder, args.fsdp)
     ratios = _print_step_times(results, args.rounds, args.fsdp) if args.rounds else []
+    if args.parts and args.rounds:
+        _print_parts(parts)
     print(f"| hidden | heal (s) | sent (MB{', process 0' if args.fsdp else ''}) |\n|---|---|---|")
     for hidden, found in heals.items():
         print(f"| {hidden} | {found['seconds']:.2f} | {found['megabytes']:.2f} |")
     ratio = statistics.median(results["ft"]) / statistics.median(results["ddp"]) if args.rounds else None
     record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-              "load": os.getloadavg()[0], "hidden": args.hidden, "steps": args.steps, "step_s": results,
+              "load": os.getloadavg()[0], "hidden": args.hidden, "steps": args.steps, "step_s": results, "parts_ms": parts if args.parts else None,
               "ratio": ratio, "round_ratios": ratios, "heal": heals, "heal_inside_groups": "FSDP2, 2 processes" if args.fsdp else "1 process"}
     (HERE / "results").mkdir(exist_ok=True)
     name = "ft_overhead_fsdp2.json" if args.fsdp else "ft_overhead.json"
@@ -199,6 +244,17 @@ def _print_step_times(results: dict[str, list[float]], rounds: int, fsdp: bool) 
     print(f"\nfault-tolerant / plain {'HSDP' if fsdp else 'DDP'}: x{ft / ddp:.3f} (medians); per round x{statistics.median(ratios):.3f} "
           f"(median; from x{ratios[0]:.3f} to x{ratios[-1]:.3f}) (target <= x{TARGET})\n")
     return ratios
+
+
+def _print_parts(parts: dict[str, list[dict[str, float]]]) -> None:
+    """The medians over the rounds of each part of the step, plain against fault-tolerant."""
+    names = list(dict.fromkeys(name for mode in ("ddp", "ft") for run in parts[mode] for name in run))
+    print("| part of the step (ms, median over rounds) | plain | fault-tolerant |\n|---|---|---|")
+    for name in names:
+        cells = [f"{statistics.median(run[name] for run in parts[mode]):.2f}" if name in parts[mode][0] else "-"
+                 for mode in ("ddp", "ft")]
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
+    print()
 
 
 if __name__ == "__main__":
