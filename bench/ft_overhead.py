@@ -1,5 +1,6 @@
 """The cost of fault-tolerant training (``--ft_lighthouse``): its step time against plain DDP over the same
-processes, and the time a relaunched replica group takes to heal, by model size.
+processes, and the time a relaunched replica group takes to heal, by model size. Plain DDP runs with the
+same glibc allocator thresholds as the fault-tolerant mode sets for itself on the CPU (``PLAIN_ALLOCATOR``).
 
     .venv/bin/python bench/ft_overhead.py                   # 3 rounds, ~4 min on 2 CPU cores
     .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes 256 1024 2048
@@ -139,6 +140,7 @@ def step_time(fault_tolerant: bool, folder: Path, fsdp: bool = False) -> dict[st
     shards, or 2 groups of 2 processes sharding with FSDP2)."""
     env, out = _env(), folder / f"result_{time.monotonic_ns()}.json"
     if not fault_tolerant:
+        env.update(PLAIN_ALLOCATOR)
         plain = ["--num_processes", "4", "--use_fsdp", "--fsdp_version", "2", "--parallelism_config_dp_replicate_size",
                  "2", "--parallelism_config_dp_shard_size", "2"] if fsdp else ["--num_processes", "2"]
         proc = _launch(plain, out, env, folder / "ddp.log")
@@ -184,6 +186,9 @@ def heal(hidden: int, folder: Path, fsdp: bool = False) -> dict[str, float]:
 
 
 WORKER_ARGS: list[str] = []
+#: glibc's thresholds that the fault-tolerant mode sets in its processes on the CPU (it keeps freed blocks of up
+#: to 32 MB), given to plain DDP too, so that the ratio is torchft's cost alone and not the allocator's
+PLAIN_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(512 << 20)}
 
 
 def main() -> None:

@@ -19,10 +19,17 @@ def _size(num_bytes: int) -> str:
 
 
 class ReportingClient:
-    """torchft's manager client, passed through; each quorum's answer is handed to ``on_quorum`` as well."""
+    """torchft's manager client, passed through; each quorum's answer is handed to ``on_quorum`` as well. In a
+    group of one process (``alone``), the commit is that process's own answer: asking the group's manager
+    server, a round trip that only gathers the group's answers, is skipped."""
 
-    def __init__(self, client: Any, on_quorum: Callable[[Any], None]) -> None:
-        self._client, self._on_quorum = client, on_quorum
+    def __init__(self, client: Any, on_quorum: Callable[[Any], None], alone: bool = False) -> None:
+        self._client, self._on_quorum, self._alone = client, on_quorum, alone
+
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: Any) -> bool:
+        if self._alone:
+            return should_commit
+        return self._client.should_commit(group_rank, step, should_commit, timeout=timeout)
 
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
         result = self._client._quorum(*args, **kwargs)
