@@ -187,6 +187,29 @@ def test_without_faults_two_replica_groups_equal_plain_ddp(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_groups_of_one_process_equal_plain_ddp_whichever_backward_the_script_calls(tmp_path):
+    """Two groups of one process: group 0 back-propagates through ``accelerator.backward`` (its loss carries the
+    average's division), group 1 calls ``loss.backward()`` itself (its average divides the gradients): both
+    train as DDP over two processes does."""
+    server = _lighthouse(min_replicas=2)
+    env = _env(tmp_path, SAMPLES="32", FT_OWN_BACKWARD="1")
+    try:
+        procs = [_launch(tmp_path, tmp_path, g, _address(server), env) for g in (0, 1)]
+        _wait(procs, 240, tmp_path)
+    finally:
+        server.shutdown()
+    assert [p.returncode for p in procs] == [0, 0], _logs(tmp_path)
+    ddp = _plain_ddp(32, processes=2)
+    assert len(_steps(tmp_path, 0)) == 4  # 32 samples, 2 x 4 a step
+    for group in (_final(tmp_path, g) for g in (0, 1)):
+        for name, reference in ddp["weights"].items():
+            torch.testing.assert_close(group["weights"][name], reference, rtol=0, atol=1e-6)
+        torch.testing.assert_close(_flat_optimizer(group["optimizer"]), _flat_optimizer(ddp["optimizer"]),
+                                   rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_killed_group_drops_out_and_heals_when_launched_again(tmp_path):
     """Group 1 killed outright in its 8th step (after its forward: group 0 loses it mid-step): group 0 drops
