@@ -9,10 +9,10 @@ sends it the weights, the optimizer and scheduler states and the data position o
 transport (nothing is read from disk), and from that step on all groups train together again.
 
 torchft's own pieces do the work: its ``Manager``, its reconfigurable process group and its
-``OptimizerWrapper``, with DDP set up as torchft's ``DistributedDataParallel`` sets it up. overdrive chooses when a quorum is asked for (at
-the first training forward of a step, or as the first data loader starts, so a group that heals before its
-first batch continues at the live groups' data position), shards the data over all groups, and reports
-(``ft_reports.py``). :class:`FaultTolerance` holds all of that for any data parallel inside a group: DDP here
+``OptimizerWrapper``, with DDP set up as torchft's ``DistributedDataParallel`` sets it up. overdrive
+chooses when a quorum is asked for (at the first training forward of a step, or as the first data loader
+starts, so a group that heals before its first batch continues at the live groups' data position), shards
+the data over all groups, and reports (``ft_reports.py``). :class:`FaultTolerance` holds all of that for any data parallel inside a group: DDP here
 (``ft_ddp``), FSDP2 in ``fault_tolerant_fsdp2.py`` (``ft_fsdp2``).
 """
 
