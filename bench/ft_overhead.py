@@ -6,6 +6,7 @@ same glibc allocator thresholds as the fault-tolerant mode sets for itself on th
     .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes 256 1024 2048
     .venv/bin/python bench/ft_overhead.py --fsdp --heal-sizes 1024   # groups of 2 processes with FSDP2
     .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes --parts   # also where the step's time goes
+    .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes --bucket-view   # plain DDP with bucket views
 
 Step time: the same loop (an MLP of 4 layers of ``--hidden`` units, AdamW, 64 samples a process a step), run
 as ``overdrive launch --num_processes 2`` (plain DDP) and as two launches of one process each joined by a
@@ -39,11 +40,12 @@ ROOT = HERE.parent
 TARGET = 1.05
 
 
-def worker(hidden: int, steps: int, out: str, parts: bool = False) -> None:
-    """The benchmark loop (run by each launched process); with ``parts``, each part of the step timed too."""
+def worker(hidden: int, steps: int, out: str, parts: bool = False, bucket_view: bool = False) -> None:
+    """The benchmark loop (run by each launched process); with ``parts``, each part of the step timed too; with
+    ``bucket_view``, DDP's ``gradient_as_bucket_view=True`` asked for (the fault-tolerant mode's default)."""
     import torch
 
-    from overdrive import Accelerator
+    from overdrive import Accelerator, DistributedDataParallelKwargs
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(64, hidden), torch.nn.ReLU()]
@@ -51,7 +53,8 @@ def worker(hidden: int, steps: int, out: str, parts: bool = False) -> None:
         layers += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(hidden, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    accelerator = Accelerator()
+    handlers = [DistributedDataParallelKwargs(gradient_as_bucket_view=True)] if bucket_view else []
+    accelerator = Accelerator(kwargs_handlers=handlers)
     model, optimizer = accelerator.prepare(model, optimizer)
     x, y = torch.randn(64, 64), torch.randn(64, 1)
     times, marks = [], []
@@ -200,11 +203,13 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="groups of 2 processes that shard with FSDP2 (against "
                         "plain HSDP over 4 processes: 2 replicas of 2 shards)")
     parser.add_argument("--parts", action="store_true", help="also time the step's parts and torchft's calls")
+    parser.add_argument("--bucket-view", action="store_true", help="plain DDP with gradient_as_bucket_view=True "
+                        "too (the fault-tolerant mode turns it on)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("out", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.hidden, args.steps, args.out, args.parts)
+        worker(args.hidden, args.steps, args.out, args.parts, args.bucket_view)
         return
     results: dict[str, list[float]] = {"ddp": [], "ft": []}
     parts: dict[str, list[dict[str, float]]] = {"ddp": [], "ft": []}
@@ -214,7 +219,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for mode in ("ddp", "ft"):
                 WORKER_ARGS[:] = ["--hidden", str(args.hidden), "--steps", str(args.steps),
-                                  *(["--parts"] if args.parts else [])]
+                                  *(["--parts"] if args.parts else []), *(["--bucket-view"] if args.bucket_view else [])]
                 result = step_time(mode == "ft", folder, args.fsdp)
                 results[mode].append(result["median_s"])
                 parts[mode] += [result["parts_ms"]] if args.parts else []
@@ -229,9 +234,10 @@ def main() -> None:
     ratio = statistics.median(results["ft"]) / statistics.median(results["ddp"]) if args.rounds else None
     record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
               "load": os.getloadavg()[0], "hidden": args.hidden, "steps": args.steps, "step_s": results, "parts_ms": parts if args.parts else None,
-              "ratio": ratio, "round_ratios": ratios, "heal": heals, "heal_inside_groups": "FSDP2, 2 processes" if args.fsdp else "1 process"}
+              "ratio": ratio, "round_ratios": ratios, "plain_gradient_as_bucket_view": args.bucket_view, "heal": heals, "heal_inside_groups": "FSDP2, 2 processes" if args.fsdp else "1 process"}
     (HERE / "results").mkdir(exist_ok=True)
     name = "ft_overhead_fsdp2.json" if args.fsdp else "ft_overhead.json"
+    name = name.replace(".json", "_bucket_view.json") if args.bucket_view else name
     (HERE / "results" / name).write_text(json.dumps(record, indent=2) + "\n")
 
 
