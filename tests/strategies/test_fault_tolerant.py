@@ -291,6 +291,29 @@ def test_the_lighthouse_lost_ends_the_group_with_an_error_in_time(tmp_path):
     assert ended_after < 40, f"the group took {ended_after:.1f} s to end after its lighthouse was lost"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_groups_of_different_sizes_end_with_an_error_that_names_them(tmp_path):
+    """Group 0 launched with 2 processes, group 1 with 1: at their first quorum both end, in far less than the
+    process-group timeout their average would wait for, with the error that names each group's size."""
+    server = _lighthouse(min_replicas=2)
+    env = _env(tmp_path, SAMPLES="64")
+    started = time.monotonic()
+    try:
+        procs = [_launch(tmp_path, tmp_path, 0, _address(server), env, 2, "--timeout", "60"),
+                 _launch(tmp_path, tmp_path, 1, _address(server), env, 1, "--timeout", "60")]
+        _wait(procs, 120, tmp_path)
+    finally:
+        server.shutdown()
+    ended_after = time.monotonic() - started
+    assert [p.returncode != 0 for p in procs] == [True, True], _logs(tmp_path)
+    zero, one = ((tmp_path / f"group{g}.err").read_text() for g in (0, 1))
+    assert "must have the same number of processes: this one (group 0) has 2, group 1 (machine " in zero, zero
+    assert ") has 1; launch every group with the same --num_processes" in zero, zero
+    assert "this one (group 1) has 1, group 0 (machine " in one and ") has 2;" in one, one
+    assert ended_after < 50, f"the groups took {ended_after:.1f} s to end"
+
+
 def test_a_lighthouse_address_that_does_not_answer_is_refused_at_launch(tmp_path):
     env = _env(tmp_path)
     address = f"http://127.0.0.1:{free_port()}"

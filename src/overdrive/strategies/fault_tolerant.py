@@ -39,7 +39,7 @@ from overdrive.resolve import DDPSettings, FaultTolerantSettings
 from overdrive.runtime.group import rank, world_size
 from overdrive.strategies.base import StrategyBase, StrategyContext
 from overdrive.strategies.ddp import DDPStrategy
-from overdrive.strategies.ft_reports import QuorumReports, ReportingClient
+from overdrive.strategies.ft_reports import QuorumReports, ReportingClient, UnevenReplicaGroups, replica_name
 from overdrive.strategies.single import SingleDeviceStrategy
 from overdrive.training.prepared import PreparedObjects
 
@@ -72,7 +72,7 @@ class FaultTolerance(StrategyBase):
         #: the groups taking part in the step in progress, and whether this one does (known once its quorum is)
         self.participants: int | None = None
         self.participating = False
-        self.reports = QuorumReports(settings, rank() == 0)
+        self.reports = QuorumReports(settings, rank() == 0, world_size())
         if self.device.type == "cpu":
             _keep_freed_memory()
         self.manager = self._start_manager()
@@ -96,7 +96,7 @@ class FaultTolerance(StrategyBase):
                 pg=group, load_state_dict=self._load_state, state_dict=self._state, min_replica_size=1,
                 use_async_quorum=True, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
                 rank=rank(), world_size=world_size(), store_addr=store[0], store_port=store[1],
-                lighthouse_addr=self.ft.lighthouse, replica_id=f"{host}_{self.ft.replica_group}", hostname=host)
+                lighthouse_addr=self.ft.lighthouse, replica_id=replica_name(host, world_size(), self.ft.replica_group), hostname=host)
         except Exception as exc:
             raise LighthouseLost(self._lost_message(exc)) from exc
         # the quorum's members are read from torchft's client, which the manager keeps no record of
@@ -130,7 +130,7 @@ class FaultTolerance(StrategyBase):
                     manager._apply_pending_state_dict()
                     manager._healing = False
                     self.participating = manager.is_participating()
-        except LighthouseLost:
+        except (LighthouseLost, UnevenReplicaGroups):
             raise
         except Exception as exc:
             raise LighthouseLost(self._lost_message(exc)) from exc
@@ -145,6 +145,8 @@ class FaultTolerance(StrategyBase):
         taking part in it are kept for the step's averages."""
         try:
             self.manager.wait_quorum()
+        except UnevenReplicaGroups:
+            raise
         except Exception as exc:
             raise LighthouseLost(self._lost_message(exc)) from exc
         self.participants, self.participating = self.manager.num_participants(), self.manager.is_participating()

@@ -40,18 +40,27 @@ class ReportingClient:
         return getattr(self._client, name)
 
 
-def _member(replica_id: str) -> tuple[str, str]:
-    """``(group, machine)`` of a quorum member's id (``HOST_GROUP:UUID``)."""
-    name = replica_id.split(":")[0]
-    host, _, group = name.rpartition("_")
-    return group, host
+class UnevenReplicaGroups(ValueError):
+    """The replica groups of a quorum were launched with different numbers of processes."""
+
+
+def replica_name(host: str, processes: int, group: int) -> str:
+    """A replica group's id for torchft: ``HOST_PROCESSES_GROUP`` (torchft reads the group from its trailing
+    digits; the processes let every group check the others')."""
+    return f"{host}_{processes}_{group}"
+
+
+def _member(replica_id: str) -> tuple[str, str, int]:
+    """``(group, machine, processes)`` of a quorum member's id (``HOST_PROCESSES_GROUP:UUID``)."""
+    host, processes, group = replica_id.split(":")[0].rsplit("_", 2)
+    return group, host, int(processes)
 
 
 class QuorumReports:
     """The lines a replica group prints (its first process only) as groups leave, join and heal."""
 
-    def __init__(self, settings: FaultTolerantSettings, speaks: bool) -> None:
-        self.settings, self.speaks = settings, speaks
+    def __init__(self, settings: FaultTolerantSettings, speaks: bool, processes: int) -> None:
+        self.settings, self.speaks, self.processes = settings, speaks, processes
         #: the quorums seen so far
         self.quorums = 0
         self.members: list[str] = []
@@ -63,27 +72,36 @@ class QuorumReports:
             print(f"overdrive: {text}", file=sys.stderr, flush=True)
 
     def on_quorum(self, result: Any) -> None:
-        """A quorum was answered (torchft's quorum thread)."""
+        """A quorum was answered (torchft's quorum thread). Groups of different sizes end every group here: the
+        average pairs each process with the processes of the same rank in the other groups."""
         members = list(result.replica_ids)
         size = len(members)
+        if members != self.members:
+            uneven = [_member(m) for m in members if _member(m)[2] != self.processes]
+            if uneven:
+                others = ", ".join(f"group {group} (machine {host}) has {n}" for group, host, n in uneven)
+                raise UnevenReplicaGroups(
+                    f"overdrive: the replica groups of fault-tolerant training must have the same number of processes: "
+                    f"this one (group {self.settings.replica_group}) has {self.processes}, {others}; launch every "
+                    "group with the same --num_processes")
         if self.quorums == 0:
             self._say(f"fault-tolerant training through {self.settings.lighthouse}: replica group "
                       f"{self.settings.replica_group} of {self.settings.num_replica_groups}, {size} group(s) in "
                       f"the first quorum (step {result.max_step})")
         for gone in (m for m in self.members if m not in members):
-            group, host = _member(gone)
+            group, host, _ = _member(gone)
             self._say(f"replica group {group} (machine {host}) was lost; the quorum is now {size} group(s) at "
                       f"step {result.max_step}, training goes on")
         if self.quorums:
             for new in (m for m in members if m not in self.members):
-                group, host = _member(new)
+                group, host, _ = _member(new)
                 self._say(f"replica group {group} (machine {host}) joined; the quorum is now {size} group(s) at "
                           f"step {result.max_step}")
         if result.heal and result.recover_src_replica_rank is not None:
             self.heal_source = members[result.recover_src_replica_rank] if result.recover_src_replica_rank < size \
                 else str(result.recover_src_replica_rank)
         for dst in result.recover_dst_replica_ranks:
-            group, host = _member(members[dst]) if dst < size else (str(dst), "?")
+            group, host, _ = _member(members[dst]) if dst < size else (str(dst), "?", 0)
             self._say(f"sending the training state to replica group {group} (machine {host}), which heals at "
                       f"step {result.max_step}")
         self.members, self.quorums = members, self.quorums + 1
@@ -91,7 +109,7 @@ class QuorumReports:
     def after_quorum(self, seconds: float) -> None:
         """The quorum (and a heal) is done, in ``seconds``."""
         if self.received_bytes is not None and self.heal_source is not None:
-            group, host = _member(self.heal_source)
+            group, host, _ = _member(self.heal_source)
             self._say(f"healed from replica group {group} (machine {host}) in {seconds:.2f} s: "
                       f"{_size(self.received_bytes)} of weights, optimizer and scheduler states received "
                       "(no checkpoint read)")
