@@ -27,6 +27,8 @@ class ReportingClient:
         self._client, self._on_quorum, self._alone = client, on_quorum, alone
 
     def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: Any) -> bool:
+        """Whether every process of the group may commit ``step``: this process's own answer when it is the
+        group's only one, otherwise the group's manager server's."""
         if self._alone:
             return should_commit
         return self._client.should_commit(group_rank, step, should_commit, timeout=timeout)
