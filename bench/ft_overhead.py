@@ -1,6 +1,6 @@
 """The cost of fault-tolerant training (``--ft_lighthouse``): its step time against plain DDP over the same
 processes, and the time a relaunched replica group takes to heal, by model size. Plain DDP runs with the
-same glibc allocator thresholds as the fault-tolerant mode sets for itself on the CPU (``PLAIN_ALLOCATOR``).
+same glibc allocator thresholds as the fault-tolerant mode sets for itself on the CPU (``_plain_allocator``).
 
     .venv/bin/python bench/ft_overhead.py                   # 3 rounds, ~4 min on 2 CPU cores
     .venv/bin/python bench/ft_overhead.py --rounds 5 --heal-sizes 256 1024 2048
@@ -106,6 +106,14 @@ def _timed(call: Any, times: list[float]) -> Any:
     return timed
 
 
+def _plain_allocator() -> dict[str, str]:
+    """glibc's thresholds that the fault-tolerant mode sets in its processes on the CPU (it keeps freed blocks),
+    as the environment that gives them to plain DDP too: the ratio is then torchft's cost, not the allocator's."""
+    from overdrive.strategies.fault_tolerant import KEPT_BLOCK_BYTES, KEPT_TOP_BYTES
+
+    return {"MALLOC_MMAP_THRESHOLD_": str(KEPT_BLOCK_BYTES), "MALLOC_TRIM_THRESHOLD_": str(KEPT_TOP_BYTES)}
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -143,7 +151,7 @@ def step_time(fault_tolerant: bool, folder: Path, fsdp: bool = False) -> dict[st
     shards, or 2 groups of 2 processes sharding with FSDP2)."""
     env, out = _env(), folder / f"result_{time.monotonic_ns()}.json"
     if not fault_tolerant:
-        env.update(PLAIN_ALLOCATOR)
+        env.update(_plain_allocator())
         plain = ["--num_processes", "4", "--use_fsdp", "--fsdp_version", "2", "--parallelism_config_dp_replicate_size",
                  "2", "--parallelism_config_dp_shard_size", "2"] if fsdp else ["--num_processes", "2"]
         proc = _launch(plain, out, env, folder / "ddp.log")
@@ -189,9 +197,6 @@ def heal(hidden: int, folder: Path, fsdp: bool = False) -> dict[str, float]:
 
 
 WORKER_ARGS: list[str] = []
-#: glibc's thresholds that the fault-tolerant mode sets in its processes on the CPU (it keeps freed blocks of up
-#: to 32 MB), given to plain DDP too, so that the ratio is torchft's cost alone and not the allocator's
-PLAIN_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(512 << 20)}
 
 
 def main() -> None:
@@ -219,7 +224,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for mode in ("ddp", "ft"):
                 WORKER_ARGS[:] = ["--hidden", str(args.hidden), "--steps", str(args.steps),
-                                  *(["--parts"] if args.parts else []), *(["--bucket-view"] if args.bucket_view else [])]
+                                  *(["--parts"] if args.parts else []),
+                                  *(["--bucket-view"] if args.bucket_view else [])]
                 result = step_time(mode == "ft", folder, args.fsdp)
                 results[mode].append(result["median_s"])
                 parts[mode] += [result["parts_ms"]] if args.parts else []
@@ -234,7 +240,8 @@ def main() -> None:
     ratio = statistics.median(results["ft"]) / statistics.median(results["ddp"]) if args.rounds else None
     record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
               "load": os.getloadavg()[0], "hidden": args.hidden, "steps": args.steps, "step_s": results, "parts_ms": parts if args.parts else None,
-              "ratio": ratio, "round_ratios": ratios, "plain_gradient_as_bucket_view": args.bucket_view, "heal": heals, "heal_inside_groups": "FSDP2, 2 processes" if args.fsdp else "1 process"}
+              "ratio": ratio, "round_ratios": ratios,
+              "plain_gradient_as_bucket_view": args.bucket_view, "heal": heals, "heal_inside_groups": "FSDP2, 2 processes" if args.fsdp else "1 process"}
     (HERE / "results").mkdir(exist_ok=True)
     name = "ft_overhead_fsdp2.json" if args.fsdp else "ft_overhead.json"
     name = name.replace(".json", "_bucket_view.json") if args.bucket_view else name

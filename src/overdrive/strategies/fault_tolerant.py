@@ -12,8 +12,8 @@ torchft's own pieces do the work: its ``Manager``, its reconfigurable process gr
 ``OptimizerWrapper``, with DDP set up as torchft's ``DistributedDataParallel`` sets it up. overdrive
 chooses when a quorum is asked for (at the first training forward of a step, or as the first data loader
 starts, so a group that heals before its first batch continues at the live groups' data position), shards
-the data over all groups, and reports (``ft_reports.py``). :class:`FaultTolerance` holds all of that for any data parallel inside a group: DDP here
-(``ft_ddp``), FSDP2 in ``fault_tolerant_fsdp2.py`` (``ft_fsdp2``).
+the data over all groups, and reports (``ft_reports.py``). :class:`FaultTolerance` holds all of that for
+any data parallel inside a group: DDP here (``ft_ddp``), FSDP2 in ``fault_tolerant_fsdp2.py`` (``ft_fsdp2``).
 """
 
 from __future__ import annotations
@@ -96,11 +96,13 @@ class FaultTolerance(StrategyBase):
                 pg=group, load_state_dict=self._load_state, state_dict=self._state, min_replica_size=1,
                 use_async_quorum=True, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
                 rank=rank(), world_size=world_size(), store_addr=store[0], store_port=store[1],
-                lighthouse_addr=self.ft.lighthouse, replica_id=replica_name(host, world_size(), self.ft.replica_group), hostname=host)
+                lighthouse_addr=self.ft.lighthouse, hostname=host,
+                replica_id=replica_name(host, world_size(), self.ft.replica_group))
         except Exception as exc:
             raise LighthouseLost(self._lost_message(exc)) from exc
         # the quorum's members are read from torchft's client, which the manager keeps no record of
-        manager._client = ReportingClient(manager._client, self.reports.on_quorum, alone=world_size() == 1)  # pyright: ignore[reportAttributeAccessIssue]
+        client = ReportingClient(manager._client, self.reports.on_quorum, alone=world_size() == 1)
+        manager._client = client  # pyright: ignore[reportAttributeAccessIssue]
         atexit.register(manager.shutdown, wait=False)
         return manager
 
@@ -273,8 +275,8 @@ class FaultTolerantStrategy(FaultTolerance, DDPStrategy):
         if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
             return model
         options = {k: v for k, v in self.options.ddp_kwargs().items() if k != "find_unused_parameters"}
-        # The gradients are views of DDP's buckets, so that the averaged bucket is not copied into them (~1 ms
-        # a step on the CPU for 2.2 M parameters); plain DDP folds that copy into its division instead.
+        # The gradients are views of DDP's buckets, so that the averaged bucket is not copied back into them
+        # (plain DDP folds that copy into its division; here the loss carries the division: see backward).
         options.setdefault("gradient_as_bucket_view", True)
         if world_size() > 1:
             _broadcast_from_first(model)  # DDP over torchft's placeholder group broadcasts nothing
@@ -308,9 +310,10 @@ class FaultTolerantStrategy(FaultTolerance, DDPStrategy):
             dist.all_reduce(bucket)
             if not self.prescaled:
                 bucket.div_(world_size())
-        participants = None if self.prescaled else self.participants or self.manager.num_participants()
-        participating = self.participating if self.participants else self.manager.is_participating()
-        return average_across_groups(self.manager, bucket, participants, participating)
+        if self.participants is None:  # no training forward waited for this step's quorum
+            self.wait_quorum()
+        participants = None if self.prescaled else self.participants
+        return average_across_groups(self.manager, bucket, participants, self.participating)
 
 
 class CommittingOptimizer(OptimizerWrapper):
@@ -366,9 +369,9 @@ def average_across_groups(manager: Manager, tensor: torch.Tensor, participants: 
     future completes with ``tensor`` as it is, so that the backward ends without an error.
 
     torchft's ``Manager.allreduce`` does the same, but through its managed work and ``wrap_future``: a timer
-    registered with its timeout thread, profiler ranges, and the division on the communication thread after
-    the sum, ~1 ms a step on a CPU with every core busy. The process group's own timeout (``--timeout``)
-    bounds the sum here."""
+    registered with its timeout thread for each bucket, profiler ranges, and the division on the
+    communication thread after the sum (docs/machines.md, "The step's cost"). The process group's own timeout
+    (``--timeout``) bounds the sum here."""
     if manager.errored() is None:
         if not participating:
             tensor.zero_()
@@ -397,6 +400,8 @@ def average_across_groups(manager: Manager, tensor: torch.Tensor, participants: 
 #: glibc's ``mallopt`` parameters: the size above which a block is mapped on its own, and the free memory at
 #: the top of the heap above which it is given back to the system
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: the values this mode sets: freed blocks up to 32 MB (glibc's largest mapping threshold) stay in the process
+KEPT_BLOCK_BYTES, KEPT_TOP_BYTES = 32 << 20, 512 << 20
 
 
 def _keep_freed_memory() -> None:
@@ -404,14 +409,14 @@ def _keep_freed_memory() -> None:
 
     By default glibc gives freed blocks of a few MB back to the system, and the next step touches them again
     page by page: in this mode, whose gradient buckets are never rebuilt (torchft's DDP), the gradients and
-    the optimizer's temporaries were faulted in anew at every step on the CPU (~5,000 page faults, ~5 ms, on
-    the benchmark's 2.2 M parameters). Plain DDP escapes this by luck: the buffers its bucket rebuild frees
-    raise glibc's threshold. A freed block is now kept for the next step, as jemalloc or tcmalloc would."""
+    the optimizer's temporaries were faulted in anew at every step on the CPU (docs/machines.md, "The step's
+    cost"). Plain DDP escapes this by luck: the buffer its bucket rebuild frees raises glibc's threshold. A
+    freed block is now kept for the next step, as jemalloc or tcmalloc would."""
     if platform.libc_ver()[0] != "glibc":
         return
     libc = ctypes.CDLL(None)
-    libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest
-    libc.mallopt(_M_TRIM_THRESHOLD, 512 << 20)
+    libc.mallopt(_M_MMAP_THRESHOLD, KEPT_BLOCK_BYTES)
+    libc.mallopt(_M_TRIM_THRESHOLD, KEPT_TOP_BYTES)
 
 
 def _broadcast_from_first(model: nn.Module) -> None:

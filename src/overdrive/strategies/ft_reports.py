@@ -79,7 +79,7 @@ class QuorumReports:
         members = list(result.replica_ids)
         size = len(members)
         if members != self.members:
-            uneven = [_member(m) for m in members if _member(m)[2] != self.processes]
+            uneven = [member for member in map(_member, members) if member[2] != self.processes]
             if uneven:
                 others = ", ".join(f"group {group} (machine {host}) has {n}" for group, host, n in uneven)
                 raise UnevenReplicaGroups(
